@@ -1,0 +1,144 @@
+/*
+ * ctorch/core.h - status codes, errors, logging, memory accounting, threads, CPU features.
+ *
+ * Every fallible ctorch function returns a ct_status (CT_OK == 0). On failure the message
+ * for the last error on the calling thread is available from ct_last_error(); it names
+ * the argument and the rule it broke. The library never prints and never exits.
+ */
+#ifndef CTORCH_CORE_H
+#define CTORCH_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define CT_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define CT_API __attribute__((visibility("default")))
+#else
+#define CT_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Result of every fallible call. Values are stable (the Python binding relies on them). */
+typedef enum ct_status {
+    CT_OK = 0,
+    CT_EINVAL = 1,        /**< an argument broke a documented rule */
+    CT_ENOMEM = 2,        /**< allocation failed or the memory limit was reached */
+    CT_EOVERFLOW = 3,     /**< a size computation overflowed */
+    CT_EIO = 4,           /**< an operating-system I/O call failed */
+    CT_EFORMAT = 5,       /**< input bytes do not follow the file format */
+    CT_EUNSUPPORTED = 6,  /**< recognised but not supported (yet) */
+    CT_ETIMEDOUT = 7,     /**< a deadline passed */
+    CT_ECANCELLED = 8,    /**< the operation was aborted */
+    CT_EPEER = 9,         /**< a remote peer failed */
+    CT_EINTERNAL = 10,    /**< a broken internal invariant (a bug: please report) */
+} ct_status;
+
+/** Short stable name of a status ("CT_EINVAL"); never NULL. */
+CT_API const char *ct_status_name(ct_status s);
+
+/** Message of the last error set on this thread ("" if none). Valid until the next call
+ *  into ctorch on this thread. */
+CT_API const char *ct_last_error(void);
+
+/** Clear this thread's error message. */
+CT_API void ct_clear_error(void);
+
+/* ---- logging ------------------------------------------------------------------------ */
+
+typedef enum ct_log_level {
+    CT_LOG_DEBUG = 0,
+    CT_LOG_INFO = 1,
+    CT_LOG_WARN = 2,
+    CT_LOG_ERROR = 3,
+} ct_log_level;
+
+/** A log sink: receives a level, a component name ("core", "comm", ...) and a message. */
+typedef void (*ct_log_fn)(void *user, ct_log_level level, const char *component,
+                          const char *message);
+
+/** Install a sink (NULL: discard everything, the default) and the minimum level. */
+CT_API void ct_log_set_sink(ct_log_fn fn, void *user, ct_log_level min_level);
+
+/** Ready-made sinks writing to a FILE* given as `user`: plain text lines, or JSON lines
+ *  {"ts":..,"level":..,"component":..,"msg":..}. For the CLI and tests. */
+CT_API void ct_log_sink_text(void *file, ct_log_level level, const char *component,
+                             const char *message);
+CT_API void ct_log_sink_json(void *file, ct_log_level level, const char *component,
+                             const char *message);
+
+/** Emit a log record (printf-style) through the installed sink. */
+CT_API void ct_log(ct_log_level level, const char *component, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* ---- memory ------------------------------------------------------------------------- */
+
+/** Allocator figures (process wide). */
+typedef struct ct_memory_stats_t {
+    size_t current_bytes; /**< bytes live now */
+    size_t peak_bytes;    /**< high-water mark since start or the last reset */
+    uint64_t alloc_count; /**< successful allocations since start */
+    uint64_t free_count;  /**< frees since start */
+    size_t limit_bytes;   /**< 0 = unlimited */
+} ct_memory_stats_t;
+
+/** Allocate `bytes` (64-byte aligned, uninitialised) into *out. bytes == 0 gives a valid
+ *  unique pointer. Fails with CT_ENOMEM when the OS refuses or the limit would be passed. */
+CT_API ct_status ct_alloc(void **out, size_t bytes);
+/** Same as ct_alloc, zero-filled. */
+CT_API ct_status ct_calloc(void **out, size_t bytes);
+/** Free memory from ct_alloc/ct_calloc. NULL is a no-op. */
+CT_API void ct_free(void *p);
+/** Copy the current figures into *out. */
+CT_API void ct_memory_stats(ct_memory_stats_t *out);
+/** Set the peak to the current live bytes (like torch.cuda.reset_peak_memory_stats). */
+CT_API void ct_memory_reset_peak(void);
+/** Cap the live bytes (0 = no cap); allocations that would pass it fail with CT_ENOMEM. */
+CT_API void ct_memory_set_limit(size_t bytes);
+
+/* ---- threads ------------------------------------------------------------------------ */
+
+/** Body of a parallel loop: handles indices [begin, end) as worker `tid`. */
+typedef void (*ct_parallel_fn)(void *ctx, int64_t begin, int64_t end, int tid);
+
+/** Run fn over [0, n) split into ct_num_threads() contiguous, equal chunks (static and
+ *  deterministic: chunk t is [n*t/T, n*(t+1)/T)). Blocks until all chunks are done.
+ *  Nested calls from inside a body run serially on the calling thread. */
+CT_API void ct_parallel_for(int64_t n, ct_parallel_fn fn, void *ctx);
+
+/** Worker count used by ct_parallel_for and told to OpenBLAS. Defaults to CT_NUM_THREADS
+ *  from the environment, else the number of online CPUs. */
+CT_API int ct_num_threads(void);
+/** Set the worker count (1..256); also sets OpenBLAS's. */
+CT_API ct_status ct_set_num_threads(int n);
+
+/* ---- CPU features ------------------------------------------------------------------- */
+
+/** Instruction sets the kernels may use. */
+typedef enum ct_isa {
+    CT_ISA_SCALAR = 0,
+    CT_ISA_AVX2 = 1, /**< AVX2 + FMA + F16C */
+} ct_isa;
+
+/** The instruction set in use: the best the CPU has, unless CT_FORCE_SCALAR=1 was set in
+ *  the environment or ct_set_isa() chose another. */
+CT_API ct_isa ct_active_isa(void);
+/** Force an instruction set (for tests); fails with CT_EUNSUPPORTED if the CPU lacks it. */
+CT_API ct_status ct_set_isa(ct_isa isa);
+/** Name of an instruction set ("scalar", "avx2"). */
+CT_API const char *ct_isa_name(ct_isa isa);
+
+/** Library version string ("0.1.0"). */
+CT_API const char *ct_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

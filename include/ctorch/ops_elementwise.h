@@ -1,0 +1,14 @@
+/* ctorch/ops_elementwise.h - (kernels arrive here; see ops.h for the conventions). */
+#ifndef CTORCH_OPS_ELEMENTWISE_H
+#define CTORCH_OPS_ELEMENTWISE_H
+
+#include "ctorch/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif

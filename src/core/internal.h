@@ -1,0 +1,39 @@
+/* Private helpers shared by every module of libctorch. */
+#ifndef CT_CORE_INTERNAL_H
+#define CT_CORE_INTERNAL_H
+
+#include "ctorch/core.h"
+#include <stdbool.h>
+
+/* Record a message for ct_last_error() and return `s`, so callers can write
+ * `return ct_error(CT_EINVAL, "h: expected 2 dims, got %d", nd);`. */
+ct_status ct_error(ct_status s, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* Propagate a failing status. */
+#define CT_TRY(expr)                                                                       \
+    do {                                                                                   \
+        ct_status ct_try_s_ = (expr);                                                      \
+        if (ct_try_s_ != CT_OK) return ct_try_s_;                                          \
+    } while (0)
+
+/* Overflow-checked size arithmetic: return false on overflow. */
+static inline bool ct_mul_size(size_t a, size_t b, size_t *out)
+{
+    return !__builtin_mul_overflow(a, b, out);
+}
+static inline bool ct_add_size(size_t a, size_t b, size_t *out)
+{
+    return !__builtin_add_overflow(a, b, out);
+}
+
+/* True when the AVX2 kernels are to be used. */
+bool ct_use_avx2(void);
+
+/* OpenBLAS thread control, declared here so no header of OpenBLAS's is needed. */
+void openblas_set_num_threads(int n);
+
+#endif

@@ -1,0 +1,108 @@
+/* GEMM through CBLAS (OpenBLAS). OpenBLAS splits M and N across threads, never K, so each
+ * output element is summed in one order whatever the thread count. */
+#include "core/internal.h"
+#include "ctorch/ops.h"
+
+#include <cblas.h>
+#include <string.h>
+
+#define GEMM_BLOCK 256 /* rows of a bf16 operand converted at a time */
+
+static ct_status gemm_check(const char *fn, int64_t M, int64_t N, int64_t K, const void *A,
+                            const void *B, const float *C)
+{
+    if (M < 0 || N < 0 || K < 0)
+        return ct_error(CT_EINVAL, "%s: sizes must be >= 0 (M=%lld N=%lld K=%lld)", fn, (long long)M,
+                        (long long)N, (long long)K);
+    if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX)
+        return ct_error(CT_EINVAL, "%s: sizes must fit in 32 bits for CBLAS", fn);
+    if ((M && N && !C) || (M && K && N && (!A || !B)))
+        return ct_error(CT_EINVAL, "%s: A, B and C must not be NULL for non-empty sizes", fn);
+    return CT_OK;
+}
+
+ct_status ct_gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                      const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                      float *C, int64_t ldc)
+{
+    CT_TRY(gemm_check("ct_gemm_f32", M, N, K, A, B, C));
+    if (M == 0 || N == 0) return CT_OK;
+    if (!lda) lda = trans_a ? M : K;
+    if (!ldb) ldb = trans_b ? K : N;
+    if (!ldc) ldc = N;
+    if (K == 0) {
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+        return CT_OK;
+    }
+    ct_num_threads(); /* makes sure OpenBLAS was told the thread count */
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+                (blasint)M, (blasint)N, (blasint)K, alpha, A, (blasint)lda, B, (blasint)ldb, beta, C,
+                (blasint)ldc);
+    return CT_OK;
+}
+
+/* Convert a rows x cols block of a bf16 matrix (row stride ld) to dense f32. */
+static void bf16_block(float *dst, const uint16_t *src, int64_t rows, int64_t cols, int64_t ld)
+{
+    for (int64_t r = 0; r < rows; r++) ct_convert_bf16_to_f32(dst + r * cols, src + r * ld, (size_t)cols);
+}
+
+ct_status ct_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                       const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
+                       float *C, int64_t ldc)
+{
+    CT_TRY(gemm_check("ct_gemm_bf16", M, N, K, A, B, C));
+    if (M == 0 || N == 0) return CT_OK;
+    if (!lda) lda = trans_a ? M : K;
+    if (!ldb) ldb = trans_b ? K : N;
+    if (!ldc) ldc = N;
+    /* B is converted whole (it is the shared operand); A in blocks of GEMM_BLOCK rows of C.
+     * Scratch: K*N + GEMM_BLOCK*K floats, tracked by the allocator. */
+    int64_t brows = trans_b ? N : K, bcols = trans_b ? K : N;
+    float *bf = NULL, *af = NULL;
+    size_t bbytes, abytes;
+    if (!ct_mul_size((size_t)brows * (size_t)bcols, sizeof(float), &bbytes) ||
+        !ct_mul_size((size_t)GEMM_BLOCK * (size_t)(K ? K : 1), sizeof(float), &abytes))
+        return ct_error(CT_EOVERFLOW, "ct_gemm_bf16: operand size overflows");
+    CT_TRY(ct_alloc((void **)&bf, bbytes));
+    ct_status s = ct_alloc((void **)&af, abytes);
+    if (s != CT_OK) {
+        ct_free(bf);
+        return s;
+    }
+    bf16_block(bf, B, brows, bcols, ldb);
+    for (int64_t m0 = 0; m0 < M && s == CT_OK; m0 += GEMM_BLOCK) {
+        int64_t mb = M - m0 < GEMM_BLOCK ? M - m0 : GEMM_BLOCK;
+        if (trans_a) /* A is [K, M]: take columns m0..m0+mb as a [K, mb] block */
+            for (int64_t k = 0; k < K; k++) ct_convert_bf16_to_f32(af + k * mb, A + k * lda + m0, (size_t)mb);
+        else
+            bf16_block(af, A + m0 * lda, mb, K, lda);
+        s = ct_gemm_f32(trans_a, trans_b, mb, N, K, alpha, af, trans_a ? mb : K, bf, bcols, beta,
+                        C + m0 * ldc, ldc);
+    }
+    ct_free(af);
+    ct_free(bf);
+    return s;
+}
+
+ct_status ct_linear_forward(float *out, const float *inp, const float *weight, const float *bias,
+                            int64_t N, int64_t D, int64_t V)
+{
+    CT_TRY(gemm_check("ct_linear_forward", N, V, D, inp, weight, out));
+    if (bias)
+        for (int64_t n = 0; n < N; n++) memcpy(out + n * V, bias, (size_t)V * sizeof(float));
+    return ct_gemm_f32(false, true, N, V, D, 1.0f, inp, D, weight, D, bias ? 1.0f : 0.0f, out, V);
+}
+
+ct_status ct_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                             const float *inp, const float *weight, int64_t N, int64_t D, int64_t V)
+{
+    CT_TRY(gemm_check("ct_linear_backward", N, V, D, inp, weight, dout));
+    if (dinp) CT_TRY(ct_gemm_f32(false, false, N, D, V, 1.0f, dout, V, weight, D, 0.0f, dinp, D));
+    if (dweight) CT_TRY(ct_gemm_f32(true, false, V, D, N, 1.0f, dout, V, inp, D, 1.0f, dweight, D));
+    if (dbias)
+        for (int64_t n = 0; n < N; n++) /* fixed row order: deterministic */
+            for (int64_t v = 0; v < V; v++) dbias[v] += dout[n * V + v];
+    return CT_OK;
+}
