@@ -1,0 +1,109 @@
+"""Loading libctorch.so and the helpers every wrapper shares.
+
+The library is looked up, in order: $CTORCH_LIB, next to this package, in the build
+folders of a source checkout (build/, build-release/).
+"""
+import ctypes
+import os
+from pathlib import Path
+
+
+class CtorchError(RuntimeError):
+    """A ctorch call failed; ``status`` is its ct_status name, the message is ct_last_error()."""
+
+    def __init__(self, status, message):
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+def _find_library():
+    env = os.environ.get("CTORCH_LIB")
+    if env:
+        return env
+    here = Path(__file__).resolve().parent
+    candidates = [here / "libctorch.so"]
+    root = here.parent.parent
+    for b in ("build", "build-release", "build-asan"):
+        candidates.append(root / b / "libctorch.so")
+    for c in candidates:
+        if c.exists():
+            return str(c)
+    raise OSError("libctorch.so not found: set CTORCH_LIB, or build the project (cmake -B build && "
+                  "cmake --build build)")
+
+
+lib = ctypes.CDLL(_find_library())
+
+c_float_p = ctypes.POINTER(ctypes.c_float)
+lib.ct_status_name.restype = ctypes.c_char_p
+lib.ct_status_name.argtypes = [ctypes.c_int]
+lib.ct_last_error.restype = ctypes.c_char_p
+lib.ct_version.restype = ctypes.c_char_p
+lib.ct_num_threads.restype = ctypes.c_int
+lib.ct_set_num_threads.argtypes = [ctypes.c_int]
+
+
+class MemoryStats(ctypes.Structure):
+    _fields_ = [("current_bytes", ctypes.c_size_t), ("peak_bytes", ctypes.c_size_t),
+                ("alloc_count", ctypes.c_uint64), ("free_count", ctypes.c_uint64),
+                ("limit_bytes", ctypes.c_size_t)]
+
+
+lib.ct_memory_stats.argtypes = [ctypes.POINTER(MemoryStats)]
+lib.ct_memory_stats.restype = None
+lib.ct_memory_reset_peak.restype = None
+
+
+def status_name(code):
+    return lib.ct_status_name(code).decode()
+
+
+def check(code):
+    """Raise CtorchError for a non-zero ct_status."""
+    if code != 0:
+        raise CtorchError(status_name(code), lib.ct_last_error().decode(errors="replace"))
+
+
+def memory_stats():
+    s = MemoryStats()
+    lib.ct_memory_stats(ctypes.byref(s))
+    return {f: getattr(s, f) for f, _ in MemoryStats._fields_}
+
+
+def memory_reset_peak():
+    lib.ct_memory_reset_peak()
+
+
+def set_num_threads(n):
+    check(lib.ct_set_num_threads(n))
+
+
+def num_threads():
+    return lib.ct_num_threads()
+
+
+# ---- passing arrays by pointer -----------------------------------------------------------
+
+def ptr(t):
+    """Address of a contiguous CPU torch tensor or numpy array (None -> NULL). No copy:
+    the caller makes the tensor contiguous first (``as_c``)."""
+    if t is None:
+        return None
+    if hasattr(t, "data_ptr"):
+        if t.device.type != "cpu":
+            raise ValueError("ctorch: tensors must be on the CPU")
+        if not t.is_contiguous():
+            raise ValueError("ctorch: tensor must be contiguous")
+        return ctypes.c_void_p(t.data_ptr())
+    if not t.flags["C_CONTIGUOUS"]:
+        raise ValueError("ctorch: array must be C-contiguous")
+    return ctypes.c_void_p(t.ctypes.data)
+
+
+def as_c(t, dtype=None):
+    """A contiguous CPU torch tensor (a view when it already is one)."""
+    if t is None:
+        return None
+    if dtype is not None and t.dtype != dtype:
+        t = t.to(dtype)
+    return t.contiguous()
