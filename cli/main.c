@@ -1,1 +1,98 @@
-int main(void){return 0;}
+#include "cli.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const struct {
+    const char *name;
+    cli_cmd_fn fn;
+    const char *summary;
+} commands[] = {
+    {"bench", cmd_bench, "run a benchmark (gemm, lce, ...) against its baseline"},
+    {"version", cmd_version, "print the version and the instruction set in use"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: ctorch <command> [options]   (ctorch <command> --help for its options)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\nenvironment: CT_NUM_THREADS (threads), CT_FORCE_SCALAR=1 (no SIMD)\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version")) return cmd_version(argc - 1, argv + 1);
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "ctorch: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
+
+int cmd_version(int argc, char **argv)
+{
+    printf("ctorch %s (%s, %d threads)\n", ct_version(), ct_isa_name(ct_active_isa()), ct_num_threads());
+    return 0;
+}
+
+int cli_fail(const char *what, ct_status s)
+{
+    fprintf(stderr, "ctorch: %s: %s: %s\n", what, ct_status_name(s), ct_last_error());
+    return 1;
+}
+
+bool cli_int(const char *opt, const char *val, long long lo, long long hi, long long *out)
+{
+    char *end;
+    long long v = strtoll(val, &end, 10);
+    if (!*val || *end || v < lo || v > hi) {
+        fprintf(stderr, "ctorch: %s expects an integer in [%lld, %lld], got '%s'\n", opt, lo, hi, val);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool cli_float(const char *opt, const char *val, double *out)
+{
+    char *end;
+    double v = strtod(val, &end);
+    if (!*val || *end) {
+        fprintf(stderr, "ctorch: %s expects a number, got '%s'\n", opt, val);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool cli_opt(int argc, char **argv, int *i, const char *name, const char **val)
+{
+    if (strcmp(argv[*i], name) != 0) return false;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "ctorch: %s needs a value\n", name);
+        exit(2);
+    }
+    *val = argv[++*i];
+    return true;
+}
+
+const char *cli_source_dir(void)
+{
+    const char *env = getenv("CTORCH_SOURCE_DIR");
+    if (env && *env) return env;
+#ifdef CT_SOURCE_DIR
+    return CT_SOURCE_DIR;
+#else
+    return NULL;
+#endif
+}

@@ -1,0 +1,218 @@
+/* ctorch bench lce: fused linear cross-entropy vs the unfused path (ct_linear +
+ * ct_cross_entropy) and PyTorch's F.linear + F.cross_entropy, forward + backward, each case
+ * in its own process so its peak RSS is its own. */
+#include "bench_util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    long long n, d, v;
+    bool bf16;
+    double smoothing;
+    size_t scratch;
+    bool fused;
+    void *h, *w;      /* f32 or bf16 */
+    float *hf, *wf;   /* f32 copies for the unfused bf16 path */
+    int64_t *y;
+    float *dh, *dw;
+    float loss;
+} lce_case;
+
+static ct_status step_fused(void *p)
+{
+    lce_case *c = p;
+    ct_ce_options o = ct_ce_options_default();
+    o.label_smoothing = (float)c->smoothing;
+    if (c->scratch) o.scratch_bytes = c->scratch;
+    ct_lce_inputs in = {c->h, c->w, NULL, c->bf16 ? CT_DTYPE_BF16 : CT_DTYPE_F32, c->y, CT_DTYPE_I64, c->n, c->d, c->v};
+    ct_ce_outputs out = {&c->loss, NULL, NULL};
+    ct_lce_grads g = {c->dh, c->dw, NULL, false};
+    return ct_linear_cross_entropy_forward_backward(&out, &g, NULL, &in, &o);
+}
+
+static ct_status step_unfused(void *p)
+{
+    lce_case *c = p;
+    ct_ce_options o = ct_ce_options_default();
+    o.label_smoothing = (float)c->smoothing;
+    const float *h = c->bf16 ? c->hf : c->h, *w = c->bf16 ? c->wf : c->w;
+    size_t nv = (size_t)c->n * (size_t)c->v * 4;
+    float *logits = NULL, *dlogits = NULL, one = 1.0f;
+    ct_status s = ct_alloc((void **)&logits, nv);
+    if (!s) s = ct_alloc((void **)&dlogits, nv);
+    if (!s) s = ct_linear_forward(logits, h, w, NULL, c->n, c->d, c->v);
+    ct_ce_outputs out = {&c->loss, NULL, NULL};
+    if (!s) s = ct_cross_entropy_forward(&out, logits, c->y, CT_DTYPE_I64, c->n, c->v, &o);
+    if (!s) s = ct_cross_entropy_backward(dlogits, &one, logits, c->y, CT_DTYPE_I64, c->n, c->v, &o);
+    if (!s) memset(c->dw, 0, (size_t)c->v * (size_t)c->d * 4);
+    if (!s) s = ct_linear_backward(c->dh, c->dw, NULL, dlogits, h, w, c->n, c->d, c->v);
+    ct_free(logits);
+    ct_free(dlogits);
+    return s;
+}
+
+static void *alloc_or_die(size_t bytes)
+{
+    void *p;
+    ct_status s = ct_alloc(&p, bytes);
+    if (s != CT_OK) {
+        cli_fail("bench lce", s);
+        exit(1);
+    }
+    return p;
+}
+
+static int run_case(bench_ctx *b, lce_case *c)
+{
+    size_t nd = (size_t)c->n * c->d, vd = (size_t)c->v * c->d;
+    float *hf = alloc_or_die(nd * 4), *wf = alloc_or_die(vd * 4);
+    bench_fill(hf, nd, 11, 1.0f);
+    bench_fill(wf, vd, 12, 0.05f);
+    if (c->bf16) {
+        c->h = alloc_or_die(nd * 2);
+        c->w = alloc_or_die(vd * 2);
+        ct_convert_f32_to_bf16(c->h, hf, nd);
+        ct_convert_f32_to_bf16(c->w, wf, vd);
+        if (c->fused) {
+            ct_free(hf);
+            ct_free(wf);
+        } else { /* the unfused path computes in f32: round the copies like the bf16 inputs */
+            ct_convert_bf16_to_f32(hf, c->h, nd);
+            ct_convert_bf16_to_f32(wf, c->w, vd);
+            c->hf = hf;
+            c->wf = wf;
+        }
+    } else {
+        c->h = hf;
+        c->w = wf;
+    }
+    c->y = alloc_or_die((size_t)c->n * 8);
+    uint64_t s = 7;
+    for (long long i = 0; i < c->n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        c->y[i] = (int64_t)((s >> 33) % (uint64_t)c->v);
+    }
+    c->dh = alloc_or_die(nd * 4);
+    c->dw = alloc_or_die(vd * 4);
+    ct_memory_stats_t m0, m1;
+    ct_memory_stats(&m0);
+    ct_memory_reset_peak();
+    bench_time t;
+    ct_status st = bench_time_fn(b->repeats, c->fused ? step_fused : step_unfused, c, &t);
+    if (st != CT_OK) return cli_fail("bench lce", st);
+    ct_memory_stats(&m1);
+    json_t *j = json_pack("{s:s, s:o, s:I, s:I, s:I, s:f}", "case", c->fused ? "fused" : "unfused", "time",
+                          bench_time_json(&t), "base_bytes", (json_int_t)m0.current_bytes, "peak_tracked_bytes",
+                          (json_int_t)m1.peak_bytes, "peak_rss_bytes", (json_int_t)bench_peak_rss(), "loss",
+                          (double)c->loss);
+    bench_print_json(j);
+    json_decref(j);
+    return 0;
+}
+
+static double jnum(json_t *o, const char *a, const char *b)
+{
+    json_t *x = json_object_get(o, a);
+    if (b) x = json_object_get(x, b);
+    return json_number_value(x);
+}
+
+int bench_lce(bench_ctx *b, int argc, char **argv)
+{
+    lce_case c = {2048, 1024, 128256, false, 0.0, 0, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0};
+    const char *which = NULL, *dt = "f32";
+    long long scratch_mib = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        if (!strcmp(argv[i], "--help")) {
+            puts("usage: ctorch bench lce [--n N] [--d D] [--v V] [--dtype f32|bf16] [--label-smoothing E]\n"
+                 "                        [--scratch-mib M] [--repeats R] [--json]\n"
+                 "Forward + backward of loss = cross_entropy(h W^T, y), h [N,D], W [V,D]:\n"
+                 "fused (ctorch, logits never held) vs unfused (ctorch linear + cross_entropy) vs PyTorch\n"
+                 "(bench/torch_baseline.py), each in its own process. Default N=2048 D=1024 V=128256.");
+            return 0;
+        }
+        if (cli_opt(argc, argv, &i, "--n", &v)) { if (!cli_int("--n", v, 1, 1 << 24, &c.n)) return 2; }
+        else if (cli_opt(argc, argv, &i, "--d", &v)) { if (!cli_int("--d", v, 1, 1 << 16, &c.d)) return 2; }
+        else if (cli_opt(argc, argv, &i, "--v", &v)) { if (!cli_int("--v", v, 1, 1 << 24, &c.v)) return 2; }
+        else if (cli_opt(argc, argv, &i, "--scratch-mib", &v)) { if (!cli_int("--scratch-mib", v, 1, 1 << 20, &scratch_mib)) return 2; }
+        else if (cli_opt(argc, argv, &i, "--label-smoothing", &v)) { if (!cli_float("--label-smoothing", v, &c.smoothing)) return 2; }
+        else if (cli_opt(argc, argv, &i, "--dtype", &v)) dt = v;
+        else if (cli_opt(argc, argv, &i, "--case", &v)) which = v;
+        else {
+            fprintf(stderr, "ctorch bench lce: unknown option '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    if (strcmp(dt, "f32") && strcmp(dt, "bf16")) {
+        fprintf(stderr, "ctorch bench lce: --dtype must be f32 or bf16, got '%s'\n", dt);
+        return 2;
+    }
+    c.bf16 = !strcmp(dt, "bf16");
+    c.scratch = (size_t)scratch_mib << 20;
+    if (which) {
+        c.fused = !strcmp(which, "fused");
+        return run_case(b, &c);
+    }
+    double sg = bench_sgemm_gflops();
+    char sn[32], sd[32], sv[32], sr[32], ss[32], sl[32];
+    snprintf(sn, sizeof sn, "%lld", c.n);
+    snprintf(sd, sizeof sd, "%lld", c.d);
+    snprintf(sv, sizeof sv, "%lld", c.v);
+    snprintf(sr, sizeof sr, "%d", b->repeats);
+    snprintf(ss, sizeof ss, "%lld", scratch_mib ? scratch_mib : 64);
+    snprintf(sl, sizeof sl, "%g", c.smoothing);
+    char *fa[] = {"lce", "--case", "fused", "--n", sn, "--d", sd, "--v", sv, "--dtype", (char *)dt, "--repeats", sr,
+                  "--scratch-mib", ss, "--label-smoothing", sl, NULL};
+    json_t *fused = bench_child(b, fa);
+    fa[2] = "unfused";
+    json_t *unfused = bench_child(b, fa);
+    char *pa[] = {"lce", "--n", sn, "--d", sd, "--v", sv, "--dtype", (char *)dt, "--repeats", sr,
+                  "--label-smoothing", sl, NULL};
+    json_t *torch = bench_python("torch_baseline.py", pa);
+    if (!fused || !unfused) return 1;
+    double flops = 6.0 * c.n * c.d * c.v;
+    double tf = jnum(fused, "time", "median_s"), tu = jnum(unfused, "time", "median_s");
+    double xf = jnum(fused, "peak_tracked_bytes", NULL) - jnum(fused, "base_bytes", NULL);
+    double xu = jnum(unfused, "peak_tracked_bytes", NULL) - jnum(unfused, "base_bytes", NULL);
+    json_object_set_new(fused, "gflops", json_real(flops / tf * 1e-9));
+    json_object_set_new(fused, "fraction_of_sgemm", json_real(flops / tf * 1e-9 / sg));
+    json_object_set_new(unfused, "gflops", json_real(flops / tu * 1e-9));
+    json_object_set_new(unfused, "fraction_of_sgemm", json_real(flops / tu * 1e-9 / sg));
+    json_t *j = json_pack("{s:s, s:{s:I, s:I, s:I, s:s, s:f}, s:o, s:o, s:o, s:o, s:{s:f, s:f, s:f}}", "bench", "lce",
+                          "shape", "n", (json_int_t)c.n, "d", (json_int_t)c.d, "v", (json_int_t)c.v, "dtype", dt,
+                          "label_smoothing", c.smoothing, "machine", bench_machine_json(sg), "fused", fused,
+                          "unfused", unfused, "torch", torch, "ratios", "speedup_fused_vs_unfused", tu / tf,
+                          "peak_tracked_unfused_over_fused", jnum(unfused, "peak_tracked_bytes", NULL) /
+                                                                 jnum(fused, "peak_tracked_bytes", NULL),
+                          "extra_bytes_unfused_over_fused", xu / (xf > 0 ? xf : 1));
+    if (b->json) {
+        bench_print_json(j);
+    } else {
+        printf("lce N=%lld D=%lld V=%lld %s, fwd+bwd, %d threads, %s, sgemm %.1f GFLOP/s\n", c.n, c.d, c.v, dt,
+               ct_num_threads(), ct_isa_name(ct_active_isa()), sg);
+        printf("  %-18s %9s %8s %9s %14s %14s %12s\n", "", "median s", "GFLOP/s", "of sgemm", "peak tracked",
+               "above inputs", "peak RSS");
+        json_t *cases[2] = {fused, unfused};
+        const char *names[2] = {"ctorch fused", "ctorch unfused"};
+        for (int k = 0; k < 2; k++) {
+            double t = jnum(cases[k], "time", "median_s");
+            printf("  %-18s %9.3f %8.1f %8.0f%% %11.1f MiB %11.1f MiB %8.1f MiB\n", names[k], t, flops / t * 1e-9,
+                   100 * flops / t * 1e-9 / sg, jnum(cases[k], "peak_tracked_bytes", NULL) / 1048576.0,
+                   (k ? xu : xf) / 1048576.0, jnum(cases[k], "peak_rss_bytes", NULL) / 1048576.0);
+        }
+        if (json_object_get(torch, "median_s"))
+            printf("  %-18s %9.3f %8.1f %8.0f%% %14s %14s %8.1f MiB\n", "PyTorch unfused", jnum(torch, "median_s", NULL),
+                   jnum(torch, "gflops", NULL), 100 * jnum(torch, "gflops", NULL) / sg, "-", "-",
+                   jnum(torch, "peak_rss_bytes", NULL) / 1048576.0);
+        else
+            printf("  %-18s %s\n", "PyTorch unfused", json_string_value(json_object_get(torch, "status")));
+        printf("  fused vs unfused: %.2fx faster, %.1fx less peak tracked memory, %.0fx less memory above inputs\n",
+               tu / tf, jnum(unfused, "peak_tracked_bytes", NULL) / jnum(fused, "peak_tracked_bytes", NULL),
+               xu / (xf > 0 ? xf : 1));
+    }
+    json_decref(j);
+    return 0;
+}

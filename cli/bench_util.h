@@ -1,0 +1,49 @@
+/* The benchmark protocol of docs/benchmarks.md: warm-up + median of repeats, tracked peak
+ * bytes, peak RSS (one case per process), the machine's sgemm rate measured first. */
+#ifndef CT_BENCH_UTIL_H
+#define CT_BENCH_UTIL_H
+
+#include "cli.h"
+
+#include <jansson.h>
+
+typedef struct bench_time {
+    double median, min, max;
+    int repeats;
+} bench_time;
+
+typedef struct bench_ctx {
+    bool json;     /* --json: one JSON object on stdout */
+    int repeats;   /* timed repeats after one warm-up (>= 3) */
+    const char *name;
+    const char *exe; /* path of this program, to run cases in child processes */
+} bench_ctx;
+
+typedef int (*bench_fn)(bench_ctx *b, int argc, char **argv);
+
+double bench_now(void);
+/* Run fn once to warm up, then `repeats` times; fails on the first non-OK status. */
+ct_status bench_time_fn(int repeats, ct_status (*fn)(void *), void *arg, bench_time *out);
+/* Peak resident set size of this process in bytes (VmHWM), 0 if unknown. */
+size_t bench_peak_rss(void);
+/* Measured sgemm GFLOP/s (square 2048, median of 5), for the ratio of every benchmark. */
+double bench_sgemm_gflops(void);
+/* JSON object of a bench_time {"median_s", "min_s", "max_s", "repeats"}. */
+json_t *bench_time_json(const bench_time *t);
+/* Run `exe bench <args...> --json` in a child process and parse its JSON output; NULL (and a
+ * message on stderr) if it failed. */
+json_t *bench_child(const bench_ctx *b, char *const args[]);
+/* Run the PyTorch baseline script bench/<script> with /usr/bin/python3 (or $CTORCH_PYTHON);
+ * returns its JSON, or {"status": "not installed" | "failed", ...}. */
+json_t *bench_python(const char *script, char *const args[]);
+/* Fill x[0..n) with deterministic values in [-scale, scale). */
+void bench_fill(float *x, size_t n, uint64_t seed, float scale);
+/* Print a JSON value (indented) or nothing. */
+void bench_print_json(json_t *j);
+/* The common header: machine figures (threads, isa, sgemm rate). */
+json_t *bench_machine_json(double sgemm);
+
+int bench_gemm(bench_ctx *b, int argc, char **argv);
+int bench_lce(bench_ctx *b, int argc, char **argv);
+
+#endif
