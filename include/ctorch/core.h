@@ -113,10 +113,12 @@ typedef void (*ct_parallel_fn)(void *ctx, int64_t begin, int64_t end, int tid);
  *  Nested calls from inside a body run serially on the calling thread. */
 CT_API void ct_parallel_for(int64_t n, ct_parallel_fn fn, void *ctx);
 
-/** Worker count used by ct_parallel_for and told to OpenBLAS. Defaults to CT_NUM_THREADS
- *  from the environment, else the number of online CPUs. */
+/** Worker count used by ct_parallel_for. Defaults to CT_NUM_THREADS from the environment,
+ *  else the number of online CPUs. OpenBLAS itself is kept single-threaded: ctorch's pool
+ *  splits each GEMM into blocks (so results do not depend on the count and nothing
+ *  oversubscribes). */
 CT_API int ct_num_threads(void);
-/** Set the worker count (1..256); also sets OpenBLAS's. */
+/** Set the worker count (1..256). */
 CT_API ct_status ct_set_num_threads(int n);
 
 /* ---- CPU features ------------------------------------------------------------------- */

@@ -10,7 +10,7 @@
  * argument (and, for an index, its position and value); nothing is written then.
  *
  * NaN follows PyTorch: it is the largest value for sort and top-k (last ascending, first
- * descending), and max / min / argmax / argmin return the first NaN of a row.
+ * descending), and ct_max_rows / ct_min_rows / ct_argmax_rows return the first NaN of a row.
  */
 #ifndef CTORCH_OPS_INDEX_H
 #define CTORCH_OPS_INDEX_H
@@ -36,13 +36,12 @@ CT_API ct_status ct_embedding_forward(float *out, const void *ids, ct_dtype ids_
 /** As ct_embedding_forward with a bf16 table [V, D] (uint16_t bit patterns): rows are
  *  widened exactly to f32 into out[N, D]. */
 CT_API ct_status ct_embedding_forward_bf16(float *out, const void *ids, ct_dtype ids_dtype,
-                                           const uint16_t *table, int64_t N, int64_t V,
-                                           int64_t D);
+                                           const uint16_t *table, int64_t N, int64_t V, int64_t D);
 
 /** Backward of the embedding: dtable[ids[n], :] += dout[n, :] for every n, ACCUMULATED
  *  into dtable [V, D] (zero it first for a fresh gradient). dout is [N, D]; ids as in the
  *  forward. Tokens whose id equals padding_idx are skipped (torch's padding_idx); pass
- *  CT_EMBEDDING_NO_PADDING (any negative value) for none — a torch-style negative padding
+ *  CT_EMBEDDING_NO_PADDING (any negative value) for none; a torch-style negative padding
  *  index must be turned into V + padding_idx by the caller. Each dtable row receives its
  *  tokens in token order (n ascending) with no atomics: threads own column blocks of
  *  dtable, so the bits do not depend on the thread count. Ids outside [0, V): CT_EINVAL
@@ -102,8 +101,8 @@ CT_API ct_status ct_argsort_rows(int64_t *indices, const float *inp, int64_t N, 
  *  sorted)); 0 <= k <= C. Either output may be NULL. Results are always sorted (best first)
  *  whatever `sorted` says. On ties the lower position wins and comes first: the result is
  *  the first k of the stable ct_sort_rows order (torch leaves tie order unspecified).
- *  NaN counts as the largest value. Scratch from ct_alloc: 12 * k bytes per thread for
- *  small k, 24 * C for k > C / 8. */
+ *  NaN counts as the largest value. Scratch from ct_alloc per thread in use: 16 * k bytes
+ *  when k <= C / 8 (a bounded heap), else 24 * C (a full sort). */
 CT_API ct_status ct_topk_rows(float *values, int64_t *indices, const float *inp, int64_t N,
                               int64_t C, int64_t k, bool largest, bool sorted);
 
@@ -124,8 +123,8 @@ CT_API ct_status ct_scatter_rows(float *out, const float *src, const int64_t *in
 
 /** In place: out[n, index[n, k]] += src[n, k] in increasing k order (deterministic with
  *  duplicates; torch.Tensor.scatter_add_(-1, index, src)). Index rules as ct_gather_rows. */
-CT_API ct_status ct_scatter_add_rows(float *out, const float *src, const int64_t *index,
-                                     int64_t N, int64_t C, int64_t K);
+CT_API ct_status ct_scatter_add_rows(float *out, const float *src, const int64_t *index, int64_t N,
+                                     int64_t C, int64_t K);
 
 #ifdef __cplusplus
 }

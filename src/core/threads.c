@@ -67,7 +67,7 @@ int ct_num_threads(void)
     pthread_mutex_lock(&state_mu);
     if (!n_threads) {
         n_threads = default_threads();
-        openblas_set_num_threads(n_threads);
+        openblas_set_num_threads(1); /* ctorch's pool runs the BLAS blocks (ops/gemm.c) */
     }
     int n = n_threads;
     pthread_mutex_unlock(&state_mu);
@@ -83,7 +83,7 @@ ct_status ct_set_num_threads(int n)
     n_threads = n;
     pthread_mutex_unlock(&state_mu);
     pthread_mutex_unlock(&pool_mu);
-    openblas_set_num_threads(n);
+    openblas_set_num_threads(1);
     return CT_OK;
 }
 

@@ -63,7 +63,13 @@ static ct_status lce_setup(lce *c, const char *fn, const ct_lce_inputs *in, cons
     int64_t N = in->N, D = in->D, V = in->V;
     if (N == 0) return CT_OK;
     size_t budget = o->scratch_bytes ? o->scratch_bytes : ((size_t)64 << 20);
-    int64_t wsub = c->bf16 ? (V < 256 ? V : 256) : 0;
+    int64_t wsub = 0; /* bf16 weight rows converted at a time: 256, or less to keep a quarter of the budget */
+    if (c->bf16) {
+        int64_t cap = D ? (int64_t)(budget / (16 * (size_t)D)) : 256;
+        wsub = V < 256 ? V : 256;
+        if (wsub > cap) wsub = cap < 8 ? 8 : cap;
+        if (wsub > V) wsub = V;
+    }
     size_t wbytes = (size_t)wsub * (size_t)D * 4;
     size_t per_row = (c->bf16 ? (size_t)D * 4 : 0) + sizeof(ce_row) + 3 * 4;
     int64_t nmin = N < 16 ? N : 16;

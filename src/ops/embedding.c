@@ -24,8 +24,8 @@ static ct_status emb_check(const char *fn, const void *a, const char *a_name, co
     if (V < 0) return ct_error(CT_EINVAL, "%s: V must be >= 0, got %lld", fn, (long long)V);
     if (D < 0) return ct_error(CT_EINVAL, "%s: D must be >= 0, got %lld", fn, (long long)D);
     if (dt != CT_DTYPE_I64 && dt != CT_DTYPE_I32)
-        return ct_error(CT_EINVAL, "%s: ids_dtype must be CT_DTYPE_I64 or CT_DTYPE_I32, got %s",
-                        fn, ct_dtype_name(dt));
+        return ct_error(CT_EINVAL, "%s: ids_dtype must be CT_DTYPE_I64 or CT_DTYPE_I32, got %s", fn,
+                        ct_dtype_name(dt));
     size_t bytes;
     if (!ct_mul_size((size_t)N, (size_t)D, &bytes) || !ct_mul_size((size_t)V, (size_t)D, &bytes))
         return ct_error(CT_EOVERFLOW, "%s: N * D or V * D overflows", fn);
@@ -80,8 +80,8 @@ ct_status ct_embedding_forward(float *out, const void *ids, ct_dtype ids_dtype, 
 ct_status ct_embedding_forward_bf16(float *out, const void *ids, ct_dtype ids_dtype,
                                     const uint16_t *table, int64_t N, int64_t V, int64_t D)
 {
-    CT_TRY(emb_check("ct_embedding_forward_bf16", out, "out", ids, ids_dtype, table, "table", N,
-                     V, D));
+    CT_TRY(emb_check("ct_embedding_forward_bf16", out, "out", ids, ids_dtype, table, "table", N, V,
+                     D));
     emb_ctx c = {out, ids, table, NULL, ids_dtype, N, D, -1};
     ct_parallel_for(D ? N : 0, emb_fwd_bf16, &c);
     return CT_OK;
@@ -99,7 +99,8 @@ static void emb_bwd_cols(void *p, int64_t b0, int64_t b1, int tid)
         if (id == c->pad) continue;
         float *restrict dst = c->out + id * c->D + c0;
         const float *restrict src = c->dout + n * c->D + c0;
-        for (int64_t j = 0; j < w; j++) dst[j] += src[j];
+        for (int64_t j = 0; j < w; j++)
+            dst[j] += src[j];
     }
 }
 
@@ -110,8 +111,9 @@ ct_status ct_embedding_backward(float *dtable, const float *dout, const void *id
     const char *fn = "ct_embedding_backward";
     CT_TRY(emb_check(fn, dout, "dout", ids, ids_dtype, dtable, "dtable", N, V, D));
     if (padding_idx >= V)
-        return ct_error(CT_EINVAL, "%s: padding_idx = %lld must be < V = %lld (or negative for none)",
-                        fn, (long long)padding_idx, (long long)V);
+        return ct_error(CT_EINVAL,
+                        "%s: padding_idx = %lld must be < V = %lld (or negative for none)", fn,
+                        (long long)padding_idx, (long long)V);
     emb_ctx c = {dtable, ids, NULL, dout, ids_dtype, N, D, padding_idx < 0 ? -1 : padding_idx};
     ct_parallel_for(N ? (D + EMB_COL_BLOCK - 1) / EMB_COL_BLOCK : 0, emb_bwd_cols, &c);
     return CT_OK;

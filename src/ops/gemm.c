@@ -1,12 +1,58 @@
-/* GEMM through CBLAS (OpenBLAS). OpenBLAS splits M and N across threads, never K, so each
- * output element is summed in one order whatever the thread count. */
+/* GEMM through CBLAS (OpenBLAS), made deterministic. A multi-threaded OpenBLAS call does
+ * not give the same bits for 1 and 2 threads (it picks kernels and splits by thread count),
+ * so OpenBLAS runs single-threaded and ctorch splits C itself: the larger of M and N is cut
+ * into blocks whose size depends on the shape alone, each block is one single-threaded
+ * sgemm over the whole K, and the pool's threads take the blocks. Every output element is
+ * therefore computed by the same call with the same operands for any thread count. */
 #include "core/internal.h"
 #include "ctorch/ops.h"
 
 #include <cblas.h>
 #include <string.h>
 
-#define GEMM_BLOCK 256 /* rows of a bf16 operand converted at a time */
+#define GEMM_BLOCK 256      /* rows of a bf16 operand converted at a time */
+#define GEMM_MIN_BLOCK 128  /* smallest block of C rows/columns given to one sgemm call */
+#define GEMM_MAX_BLOCKS 64  /* at most this many blocks per call */
+
+typedef struct {
+    bool ta, tb;
+    int64_t M, N, K;
+    float alpha;
+    const float *A;
+    int64_t lda;
+    const float *B;
+    int64_t ldb;
+    float beta;
+    float *C;
+    int64_t ldc;
+    int64_t block;
+    bool split_m;
+} gemm_job;
+
+static void gemm_blocks(void *arg, int64_t b0, int64_t b1, int tid)
+{
+    const gemm_job *j = arg;
+    for (int64_t b = b0; b < b1; b++) {
+        int64_t s = b * j->block, e = s + j->block;
+        const float *A = j->A, *B = j->B;
+        float *C = j->C;
+        int64_t M = j->M, N = j->N;
+        if (j->split_m) {
+            if (e > M) e = M;
+            M = e - s;
+            A += j->ta ? s : s * j->lda;
+            C += s * j->ldc;
+        } else {
+            if (e > N) e = N;
+            N = e - s;
+            B += j->tb ? s * j->ldb : s;
+            C += s;
+        }
+        cblas_sgemm(CblasRowMajor, j->ta ? CblasTrans : CblasNoTrans, j->tb ? CblasTrans : CblasNoTrans,
+                    (blasint)M, (blasint)N, (blasint)j->K, j->alpha, A, (blasint)j->lda, B,
+                    (blasint)j->ldb, j->beta, C, (blasint)j->ldc);
+    }
+}
 
 static ct_status gemm_check(const char *fn, int64_t M, int64_t N, int64_t K, const void *A,
                             const void *B, const float *C)
@@ -35,10 +81,13 @@ ct_status ct_gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
             for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
         return CT_OK;
     }
-    ct_num_threads(); /* makes sure OpenBLAS was told the thread count */
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-                (blasint)M, (blasint)N, (blasint)K, alpha, A, (blasint)lda, B, (blasint)ldb, beta, C,
-                (blasint)ldc);
+    gemm_job j = {trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 0, false};
+    int64_t big = M >= N ? M : N;
+    j.split_m = M >= N;
+    j.block = big <= GEMM_MIN_BLOCK ? big : (big + GEMM_MAX_BLOCKS - 1) / GEMM_MAX_BLOCKS;
+    if (j.block < GEMM_MIN_BLOCK) j.block = GEMM_MIN_BLOCK;
+    if (j.block > big) j.block = big;
+    ct_parallel_for((big + j.block - 1) / j.block, gemm_blocks, &j);
     return CT_OK;
 }
 

@@ -1,0 +1,252 @@
+"""Activations, normalisation and rotary embedding as torch.autograd functions over libctorch.
+
+Drop-ins for torch.nn.functional.gelu / silu / layer_norm, PyTorch 2.x's rms_norm (over the
+last dim), the SwiGLU gate of Llama's MLP and Llama's rotate-half RoPE. CPU tensors only.
+bfloat16 inputs use the bf16 kernels (f32 maths inside); every other dtype is computed in
+float32 and cast back to the input's dtype.
+"""
+import ctypes
+import math
+
+import torch
+
+from .._lib import as_c, check, lib, ptr
+
+_I64, _VP, _F, _I = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
+
+
+def _sig(name, *args):
+    f = getattr(lib, name)
+    f.argtypes = list(args)
+    f.restype = ctypes.c_int
+
+
+for _s in ("", "_bf16"):
+    _sig("ct_gelu_forward" + _s, _VP, _VP, _I64, _I)
+    _sig("ct_gelu_backward" + _s, _VP, _VP, _VP, _I64, _I)
+    _sig("ct_silu_forward" + _s, _VP, _VP, _I64)
+    _sig("ct_silu_backward" + _s, _VP, _VP, _VP, _I64)
+    _sig("ct_swiglu_forward" + _s, _VP, _VP, _I64, _I64)
+    _sig("ct_swiglu_backward" + _s, _VP, _VP, _VP, _I64, _I64)
+    _sig("ct_rmsnorm_forward" + _s, _VP, _VP, _VP, _VP, _I64, _I64, _F)
+    _sig("ct_rmsnorm_backward" + _s, _VP, _VP, _VP, _VP, _VP, _VP, _I64, _I64)
+    _sig("ct_layernorm_forward" + _s, _VP, _VP, _VP, _VP, _VP, _VP, _I64, _I64, _F)
+    _sig("ct_layernorm_backward" + _s, _VP, _VP, _VP, _VP, _VP, _VP, _VP, _VP, _I64, _I64)
+_sig("ct_rope_forward", _VP, _VP, _VP, _I64, _I64, _I64, _I64, _F)
+_sig("ct_rope_backward", _VP, _VP, _VP, _I64, _I64, _I64, _I64, _F)
+
+_GELU = {"none": 0, "tanh": 1}
+_SILU = 2
+
+
+def _work_dtype(*ts):
+    """bfloat16 when every given tensor is bf16 (None ignored), float32 otherwise."""
+    ts = [t for t in ts if t is not None]
+    return torch.bfloat16 if all(t.dtype == torch.bfloat16 for t in ts) else torch.float32
+
+
+def _sfx(dt):
+    return "_bf16" if dt == torch.bfloat16 else ""
+
+
+# ---- activations ---------------------------------------------------------------------------
+
+def _act_call(kind, dt, forward, *args):
+    s = _sfx(dt)
+    if kind == _SILU:
+        fn = getattr(lib, ("ct_silu_forward" if forward else "ct_silu_backward") + s)
+        check(fn(*args))
+    else:
+        fn = getattr(lib, ("ct_gelu_forward" if forward else "ct_gelu_backward") + s)
+        check(fn(*args, kind))
+
+
+class _Activation(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, kind):
+        dt = _work_dtype(x)
+        xc = as_c(x, dt)
+        out = torch.empty_like(xc)
+        _act_call(kind, dt, True, ptr(out), ptr(xc), xc.numel())
+        ctx.kind, ctx.dt, ctx.in_dtype, ctx.keep = kind, dt, x.dtype, xc
+        return out.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        xc = ctx.keep
+        g = as_c(grad, ctx.dt)
+        d = torch.empty_like(xc)
+        _act_call(ctx.kind, ctx.dt, False, ptr(d), ptr(g), ptr(xc), xc.numel())
+        return d.to(ctx.in_dtype), None
+
+
+def gelu(x, approximate="none"):
+    """F.gelu(x, approximate=...): 'none' is x * Phi(x) (erf), 'tanh' the tanh approximation."""
+    if approximate not in _GELU:
+        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    return _Activation.apply(x, _GELU[approximate])
+
+
+def silu(x):
+    """F.silu(x) = x * sigmoid(x)."""
+    return _Activation.apply(x, _SILU)
+
+
+class _SwiGLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        dt = _work_dtype(x)
+        H = x.shape[-1] // 2
+        xc = as_c(x, dt)
+        N = xc.numel() // (2 * H) if H else 0
+        out = torch.empty(*x.shape[:-1], H, dtype=dt)
+        check(getattr(lib, "ct_swiglu_forward" + _sfx(dt))(ptr(out), ptr(xc), N, H))
+        ctx.dt, ctx.in_dtype, ctx.keep, ctx.NH = dt, x.dtype, xc, (N, H)
+        return out.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        xc = ctx.keep
+        N, H = ctx.NH
+        g = as_c(grad, ctx.dt)
+        d = torch.empty_like(xc)
+        check(getattr(lib, "ct_swiglu_backward" + _sfx(ctx.dt))(ptr(d), ptr(g), ptr(xc), N, H))
+        return d.to(ctx.in_dtype)
+
+
+def swiglu(x):
+    """silu(a) * b with a, b = x.chunk(2, dim=-1): the gated MLP activation of Llama.
+    x is [..., 2H]; the result is [..., H]."""
+    if x.dim() == 0 or x.shape[-1] % 2:
+        raise ValueError(f"swiglu: the last dim must be even (gate | value), got shape {tuple(x.shape)}")
+    return _SwiGLU.apply(x)
+
+
+# ---- norms ---------------------------------------------------------------------------------
+
+def _grad_out(t, dtype):
+    return None if t is None else t.to(dtype)
+
+
+class _RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        C = x.shape[-1]
+        dt = _work_dtype(x, weight)
+        xc, wc = as_c(x, dt), as_c(weight, dt)
+        N = xc.numel() // C if C else 0
+        out = torch.empty_like(xc)
+        rstd = torch.empty(N, dtype=torch.float32)
+        check(getattr(lib, "ct_rmsnorm_forward" + _sfx(dt))(ptr(out), ptr(rstd), ptr(xc), ptr(wc),
+                                                            N, C, eps))
+        ctx.dt, ctx.NC, ctx.keep = dt, (N, C), (xc, wc, rstd)
+        ctx.dtypes = (x.dtype, None if weight is None else weight.dtype)
+        return out.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        xc, wc, rstd = ctx.keep
+        N, C = ctx.NC
+        g = as_c(grad, ctx.dt)
+        dx = torch.empty_like(xc)
+        dw = torch.zeros(C, dtype=torch.float32) if (wc is not None and ctx.needs_input_grad[1]) else None
+        check(getattr(lib, "ct_rmsnorm_backward" + _sfx(ctx.dt))(ptr(dx), ptr(dw), ptr(g), ptr(xc), ptr(wc),
+                                                                 ptr(rstd), N, C))
+        return dx.to(ctx.dtypes[0]), _grad_out(dw, ctx.dtypes[1]), None
+
+
+def rms_norm(x, weight=None, eps=None):
+    """RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * weight (weight [C] or None).
+    eps None means torch.finfo(x.dtype).eps, as torch.nn.functional.rms_norm."""
+    if x.dim() == 0:
+        raise ValueError("rms_norm: x needs at least one dim")
+    if weight is not None and tuple(weight.shape) != (x.shape[-1],):
+        raise ValueError(f"rms_norm: weight must be [{x.shape[-1]}], got {tuple(weight.shape)}")
+    if eps is None:
+        eps = torch.finfo(x.dtype).eps if x.is_floating_point() else torch.finfo(torch.float32).eps
+    return _RMSNorm.apply(x, weight, float(eps))
+
+
+class _LayerNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, C, eps):
+        dt = _work_dtype(x, weight, bias)
+        xc = as_c(x, dt)
+        wc = as_c(None if weight is None else weight.reshape(-1), dt)
+        bc = as_c(None if bias is None else bias.reshape(-1), dt)
+        N = xc.numel() // C if C else 0
+        out = torch.empty_like(xc)
+        mean = torch.empty(N, dtype=torch.float32)
+        rstd = torch.empty(N, dtype=torch.float32)
+        check(getattr(lib, "ct_layernorm_forward" + _sfx(dt))(ptr(out), ptr(mean), ptr(rstd), ptr(xc), ptr(wc),
+                                                              ptr(bc), N, C, eps))
+        ctx.dt, ctx.NC, ctx.keep = dt, (N, C), (xc, wc, mean, rstd)
+        ctx.meta = [(t.dtype, t.shape) if t is not None else None for t in (x, weight, bias)]
+        return out.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        xc, wc, mean, rstd = ctx.keep
+        N, C = ctx.NC
+        need = ctx.needs_input_grad
+        g = as_c(grad, ctx.dt)
+        dx = torch.empty_like(xc)
+        dw = torch.zeros(C, dtype=torch.float32) if (ctx.meta[1] and need[1]) else None
+        db = torch.zeros(C, dtype=torch.float32) if (ctx.meta[2] and need[2]) else None
+        check(getattr(lib, "ct_layernorm_backward" + _sfx(ctx.dt))(ptr(dx), ptr(dw), ptr(db), ptr(g), ptr(xc),
+                                                                   ptr(wc), ptr(mean), ptr(rstd), N, C))
+        dw = dw.reshape(ctx.meta[1][1]).to(ctx.meta[1][0]) if dw is not None else None
+        db = db.reshape(ctx.meta[2][1]).to(ctx.meta[2][0]) if db is not None else None
+        return dx.to(ctx.meta[0][0]), dw, db, None, None
+
+
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """F.layer_norm: normalise over the trailing dims `normalized_shape` (an int or a tuple);
+    weight and bias have that shape or are None."""
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    normalized_shape = tuple(int(s) for s in normalized_shape)
+    k = len(normalized_shape)
+    if k == 0 or tuple(x.shape[x.dim() - k:]) != normalized_shape or x.dim() < k:
+        raise ValueError(f"layer_norm: input {tuple(x.shape)} does not end in normalized_shape {normalized_shape}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and tuple(t.shape) != normalized_shape:
+            raise ValueError(f"layer_norm: {name} must be {normalized_shape}, got {tuple(t.shape)}")
+    return _LayerNorm.apply(x, weight, bias, math.prod(normalized_shape), float(eps))
+
+
+# ---- RoPE ----------------------------------------------------------------------------------
+
+class _RoPE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, positions, base):
+        T, H, E = x.shape[-3:]
+        B = x.numel() // (T * H * E) if T * H * E else 0
+        xc = as_c(x, torch.float32)
+        out = torch.empty_like(xc)
+        check(lib.ct_rope_forward(ptr(out), ptr(xc), ptr(positions), B, T, H, E, base))
+        ctx.args, ctx.in_dtype, ctx.pos = (B, T, H, E, base), x.dtype, positions
+        return out.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        B, T, H, E, base = ctx.args
+        g = as_c(grad, torch.float32)
+        d = torch.empty_like(g)
+        check(lib.ct_rope_backward(ptr(d), ptr(g), ptr(ctx.pos), B, T, H, E, base))
+        return d.to(ctx.in_dtype), None, None
+
+
+def rope(x, positions=None, base=10000.0):
+    """Rotary position embedding, rotate-half convention (Llama / Hugging Face), on
+    x [..., T, H, E] (time, heads, head dim; E even; any leading batch dims).
+    positions: integer tensor [T] (shared by the batch) or None for 0..T-1.
+    Angles are f32(position) * inv_freq with inv_freq = 1 / base^(2i/E) in f32, as HF."""
+    if x.dim() < 3:
+        raise ValueError(f"rope: x must be [..., T, H, E], got shape {tuple(x.shape)}")
+    T = x.shape[-3]
+    if positions is not None:
+        if positions.dtype.is_floating_point or tuple(positions.shape) != (T,):
+            raise ValueError(f"rope: positions must be an integer tensor of shape [{T}]")
+        positions = as_c(positions, torch.int32)
+    return _RoPE.apply(x, positions, float(base))

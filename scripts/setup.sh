@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install what ctorch needs from Debian's packages (only what is missing), as root or via sudo.
+set -euo pipefail
+PKGS=(build-essential cmake pkg-config libopenblas-dev libjansson-dev
+      python3 python3-numpy python3-torch python3-pytest
+      clang libclang-rt-14-dev)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "== installing: ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Build ctorch and run every test: C tests (Release), Python tests against PyTorch, the C
+# tests again under ASan+UBSan, and a bounded fuzzing run. Installs what is missing first.
+# Usage: bash scripts/test.sh   (env FUZZ_SECONDS=N to change the fuzzing time, 0 to skip)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+JOBS=$(nproc)
+PY=/usr/bin/python3   # Debian's python, the one python3-torch is installed for
+
+echo "== build (Release)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$JOBS"
+
+echo "== C tests (Release)"
+ctest --test-dir build --output-on-failure -j"$JOBS"
+
+echo "== Python tests (PyTorch $($PY -c 'import torch; print(torch.__version__)') as the oracle)"
+CTORCH_LIB="$PWD/build/libctorch.so" CTORCH_CLI="$PWD/build/ctorch" $PY -m pytest -q -p no:cacheprovider tests/python
+
+echo "== build (ASan+UBSan)"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCTORCH_SANITIZE=ON >/dev/null
+cmake --build build-asan -j"$JOBS"
+
+echo "== C tests (ASan+UBSan)"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure -j"$JOBS"
+
+if [ -x tests/fuzz/run_fuzz.sh ] || [ -f tests/fuzz/run_fuzz.sh ]; then
+  echo "== fuzzing (${FUZZ_SECONDS:-30} s per target)"
+  [ "${FUZZ_SECONDS:-30}" = "0" ] || bash tests/fuzz/run_fuzz.sh "${FUZZ_SECONDS:-30}"
+fi
+echo "== all tests passed"

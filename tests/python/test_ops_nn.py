@@ -1,0 +1,213 @@
+"""ctorch.torch.nn against PyTorch 1.13: forward values and gradients of gelu, silu, swiglu,
+rms_norm (torch maths, as 1.13 has none), layer_norm and rope (HF's rotate-half in torch)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ctorch
+from ctorch import CtorchError
+from ctorch.torch import gelu, layer_norm, rms_norm, rope, silu, swiglu
+
+
+def _grads(fn, *inputs, seed=0):
+    """Output of fn and the gradients of sum(out * g) for a fixed random g."""
+    ins = [t.detach().clone().requires_grad_(True) if t is not None else None for t in inputs]
+    out = fn(*ins)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    (out.double() * g).sum().backward()
+    return out.detach(), [t.grad if t is not None else None for t in ins]
+
+
+def _close(a, b, atol, rtol):
+    torch.testing.assert_close(a.double(), b.double(), atol=atol, rtol=rtol)
+
+
+def _compare(mine, ref, inputs, atol=1e-5, rtol=1e-5, gatol=None):
+    """mine(*inputs) vs ref(*inputs in float64): values and gradients."""
+    o1, g1 = _grads(mine, *inputs)
+    o2, g2 = _grads(ref, *[t.double() if t is not None else None for t in inputs])
+    assert o1.dtype == inputs[0].dtype
+    _close(o1, o2, atol, rtol)
+    for a, b in zip(g1, g2):
+        if b is not None:
+            assert a is not None and a.dtype != torch.float64
+            _close(a, b, gatol or atol, rtol)
+
+
+@pytest.fixture(params=["scalar", "avx2"])
+def isa(request):
+    """Run a test on both code paths (avx2 where the CPU has it; else it is the scalar path)."""
+    lib = ctorch.lib
+    old = lib.ct_active_isa()
+    lib.ct_set_isa(1 if request.param == "avx2" else 0)
+    yield request.param
+    lib.ct_set_isa(old)
+
+
+def _x(*shape, lo=-4.0, hi=4.0, seed=1, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(*shape, generator=g, dtype=torch.float64) * (hi - lo) + lo).to(dtype)
+
+
+# ---- activations ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("approx", ["none", "tanh"])
+@pytest.mark.parametrize("shape", [(0,), (1,), (3, 7), (2, 5, 33)])
+def test_gelu(isa, approx, shape):
+    x = _x(*shape, lo=-8, hi=8)
+    _compare(lambda t: gelu(t, approximate=approx), lambda t: F.gelu(t, approximate=approx), [x])
+
+
+@pytest.mark.parametrize("shape", [(0,), (1,), (4, 9), (3, 2, 17)])
+def test_silu(isa, shape):
+    _compare(silu, F.silu, [_x(*shape, lo=-10, hi=10)])
+
+
+@pytest.mark.parametrize("shape", [(1, 2), (5, 14), (2, 3, 66)])
+def test_swiglu(isa, shape):
+    def ref(t):
+        a, b = t.chunk(2, dim=-1)
+        return F.silu(a) * b
+    _compare(swiglu, ref, [_x(*shape)])
+
+
+def test_activations_bf16(isa):
+    x = _x(6, 40, lo=-6, hi=6, dtype=torch.bfloat16)
+    for mine, ref in [(lambda t: gelu(t), F.gelu), (lambda t: gelu(t, "tanh"), lambda t: F.gelu(t, approximate="tanh")),
+                      (silu, F.silu), (swiglu, lambda t: F.silu(t.chunk(2, -1)[0]) * t.chunk(2, -1)[1])]:
+        o1, (g1,) = _grads(mine, x)
+        o2, (g2,) = _grads(ref, x.float())
+        assert o1.dtype == torch.bfloat16 and g1.dtype == torch.bfloat16
+        _close(o1, o2, 1e-3, 1.6e-2)
+        _close(g1, g2, 1e-2, 1.6e-2)
+
+
+def test_activation_errors():
+    with pytest.raises(ValueError):
+        gelu(torch.zeros(3), approximate="exact")
+    with pytest.raises(ValueError):
+        swiglu(torch.zeros(2, 3))
+
+
+# ---- norms ---------------------------------------------------------------------------------
+
+def _rms_ref(x, w, eps):
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return y * w if w is not None else y
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (2, 5, 64), (4, 129)])
+@pytest.mark.parametrize("affine", [True, False])
+def test_rms_norm(isa, shape, affine):
+    x = _x(*shape, lo=-2, hi=3)
+    w = _x(shape[-1], lo=0.5, hi=1.5, seed=2) if affine else None
+    _compare(lambda t, u: rms_norm(t, u, eps=1e-6), lambda t, u: _rms_ref(t, u, 1e-6), [x, w], gatol=1e-4)
+
+
+def test_rms_norm_default_eps():
+    x = _x(3, 8) * 1e-4
+    _close(rms_norm(x), _rms_ref(x.double(), None, torch.finfo(torch.float32).eps), 1e-5, 1e-5)
+
+
+def test_rms_norm_bf16(isa):
+    x = _x(4, 96, lo=-2, hi=3, dtype=torch.bfloat16)
+    w = _x(96, lo=0.5, hi=1.5, seed=2, dtype=torch.bfloat16)
+    o1, (gx1, gw1) = _grads(lambda t, u: rms_norm(t, u, 1e-6), x, w)
+    o2, (gx2, gw2) = _grads(lambda t, u: _rms_ref(t, u, 1e-6), x.double(), w.double())
+    assert o1.dtype == torch.bfloat16 and gx1.dtype == torch.bfloat16 and gw1.dtype == torch.bfloat16
+    _close(o1, o2, 1e-2, 1.6e-2)
+    _close(gx1, gx2, 2e-2, 1.6e-2)
+    _close(gw1, gw2, 5e-2, 1.6e-2)
+
+
+@pytest.mark.parametrize("shape,norm", [((3, 7), (7,)), ((2, 5, 64), (64,)), ((2, 3, 4, 5), (4, 5)), ((1, 1), 1)])
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_norm(isa, shape, norm, affine):
+    ns = (norm,) if isinstance(norm, int) else norm
+    x = _x(*shape, lo=-2, hi=3)
+    w = _x(*ns, lo=0.5, hi=1.5, seed=2) if affine else None
+    b = _x(*ns, lo=-0.5, hi=0.5, seed=3) if affine else None
+    _compare(lambda t, u, v: layer_norm(t, norm, u, v, 1e-5), lambda t, u, v: F.layer_norm(t, ns, u, v, 1e-5),
+             [x, w, b], gatol=1e-4)
+
+
+def test_layer_norm_bf16():
+    x = _x(4, 80, lo=-2, hi=3, dtype=torch.bfloat16)
+    w = _x(80, lo=0.5, hi=1.5, seed=2, dtype=torch.bfloat16)
+    b = _x(80, lo=-0.5, hi=0.5, seed=3, dtype=torch.bfloat16)
+    o1, g1 = _grads(lambda t, u, v: layer_norm(t, 80, u, v), x, w, b)
+    o2, g2 = _grads(lambda t, u, v: F.layer_norm(t, (80,), u, v), x.double(), w.double(), b.double())
+    assert o1.dtype == torch.bfloat16
+    _close(o1, o2, 2e-2, 1.6e-2)
+    for a, r in zip(g1, g2):
+        assert a.dtype == torch.bfloat16
+        _close(a, r, 5e-2, 1.6e-2)
+
+
+def test_norm_errors():
+    with pytest.raises(ValueError):
+        rms_norm(torch.zeros(2, 3), torch.ones(4))
+    with pytest.raises(ValueError):
+        layer_norm(torch.zeros(2, 3), (4,))
+    with pytest.raises(CtorchError) as e:
+        rms_norm(torch.zeros(2, 3), eps=-1.0)
+    assert e.value.status == "CT_EINVAL" and "eps" in str(e.value)
+
+
+def test_norm_grads_deterministic_across_threads():
+    x = _x(300, 72, lo=-2, hi=2)
+    w = _x(72, lo=0.5, hi=1.5, seed=2)
+    b = _x(72, lo=-0.5, hi=0.5, seed=3)
+    old = ctorch.num_threads()
+    res = []
+    try:
+        for n in (1, 2, 3):
+            ctorch.set_num_threads(n)
+            _, g_rms = _grads(lambda t, u: rms_norm(t, u, 1e-6), x, w)
+            _, g_ln = _grads(lambda t, u, v: layer_norm(t, 72, u, v), x, w, b)
+            res.append(g_rms + g_ln)
+    finally:
+        ctorch.set_num_threads(old)
+    for r in res[1:]:
+        for a, b_ in zip(res[0], r):
+            assert torch.equal(a, b_)
+
+
+# ---- RoPE ----------------------------------------------------------------------------------
+
+def _rope_ref(x, positions, base):
+    """Hugging Face LlamaRotaryEmbedding + apply_rotary_pos_emb, on x [B, T, H, E], in f32."""
+    T, E = x.shape[-3], x.shape[-1]
+    pos = torch.arange(T) if positions is None else positions
+    inv_freq = 1.0 / (base ** (torch.arange(0, E, 2, dtype=torch.int64).float() / E))
+    freqs = pos.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]  # [T, 1, E]: broadcast over heads
+
+    def rotate_half(t):
+        t1, t2 = t[..., : E // 2], t[..., E // 2:]
+        return torch.cat((-t2, t1), dim=-1)
+    return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 3, 8), (1, 7, 2, 2), (4, 6, 64), (2, 3, 9, 4, 32)])
+@pytest.mark.parametrize("with_pos", [False, True])
+@pytest.mark.parametrize("base", [10000.0, 500000.0])
+def test_rope(shape, with_pos, base):
+    T = shape[-3]
+    pos = torch.tensor([3 * t + 1 for t in range(T)][::-1], dtype=torch.int64) if with_pos else None
+    x = _x(*shape, lo=-2, hi=2)
+    o1, (g1,) = _grads(lambda t: rope(t, pos, base), x)
+    o2, (g2,) = _grads(lambda t: _rope_ref(t, pos, base), x)
+    _close(o1, o2, 1e-5, 1e-5)
+    _close(g1, g2, 1e-5, 1e-5)
+
+
+def test_rope_errors():
+    with pytest.raises(CtorchError) as e:
+        rope(torch.zeros(1, 2, 3, 5))
+    assert e.value.status == "CT_EINVAL" and "even" in str(e.value)
+    with pytest.raises(ValueError):
+        rope(torch.zeros(2, 4))
+    with pytest.raises(ValueError):
+        rope(torch.zeros(1, 2, 3, 4), positions=torch.zeros(3, dtype=torch.int64))
