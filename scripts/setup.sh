@@ -3,7 +3,7 @@
 set -euo pipefail
 PKGS=(build-essential cmake pkg-config libopenblas-dev libjansson-dev
       python3 python3-numpy python3-torch python3-pytest
-      clang libclang-rt-14-dev)
+      clang libclang-rt-14-dev mpich libmpich-dev)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
