@@ -12,6 +12,7 @@ static const struct {
 } benches[] = {
     {"gemm", bench_gemm, "sgemm / bf16 GEMM rate vs PyTorch torch.matmul on the same shape"},
     {"lce", bench_lce, "fused linear cross-entropy vs unfused (ctorch and PyTorch), fwd+bwd"},
+    {"flex", bench_flex, "FlexAttention sliding window / causal vs dense SDPA, block-mask cost"},
 };
 
 static void bench_usage(FILE *f)

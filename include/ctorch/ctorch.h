@@ -20,5 +20,6 @@
 #include "ctorch/tensor.h"
 #include "ctorch/ops.h"
 #include "ctorch/loss.h"
+#include "ctorch/attention.h"
 
 #endif

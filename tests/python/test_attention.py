@@ -1,0 +1,192 @@
+"""ctorch.torch.flex_attention / create_block_mask against explicit softmax attention in
+PyTorch 1.13 (scores, score_mod, dense mask from the same mask_mod, softmax, @ v), forward and
+backward, for every built-in mask and score mod, GQA, cross lengths, odd lengths, bf16, a
+Python mask_mod, and determinism across runs and thread counts."""
+import pytest
+import torch
+
+import ctorch
+from ctorch.torch import (and_masks, create_block_mask, create_mask, flex_attention, mask_mods, not_mask,
+                          or_masks, score_mods)
+
+
+def ref_attention(q, k, v, score_mod=None, mask_mod=None, scale=None):
+    """Explicit attention; fully masked rows give 0 (and lse -inf)."""
+    B, Hq, L, E = q.shape
+    S, G = k.shape[2], Hq // k.shape[1]
+    k = k.repeat_interleave(G, dim=1)
+    v = v.repeat_interleave(G, dim=1)
+    scale = 1.0 / E ** 0.5 if scale is None else scale
+    s = (q @ k.transpose(-1, -2)) * scale
+    b = torch.arange(B).view(B, 1, 1, 1)
+    h = torch.arange(Hq).view(1, Hq, 1, 1)
+    qi = torch.arange(L).view(1, 1, L, 1)
+    kv = torch.arange(S).view(1, 1, 1, S)
+    if score_mod is not None:
+        s = score_mod(s, b, h, qi, kv)
+    m = create_mask(mask_mod, B, Hq, L, S) if mask_mod is not None else torch.ones(B, Hq, L, S, dtype=torch.bool)
+    any_ = m.any(-1, keepdim=True)
+    s = s.masked_fill(~(m | ~any_), float("-inf"))
+    p = torch.softmax(s, -1) * any_
+    lse = torch.where(any_.squeeze(-1), torch.logsumexp(s, -1), torch.full((), float("-inf")))
+    return p @ v, lse
+
+
+def inputs(B, Hq, Hkv, L, S, E, Ev, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mk = lambda *s: torch.randn(*s, generator=g).to(dtype).requires_grad_()  # noqa: E731
+    return mk(B, Hq, L, E), mk(B, Hkv, S, E), mk(B, Hkv, S, Ev), torch.randn(B, Hq, L, Ev, generator=g)
+
+
+def compare(q, k, v, dout, mask_mod=None, score_mod=None, block=16, B=None, H=None, tol=1e-4, extra=()):
+    L, S = q.shape[2], k.shape[2]
+    bm = create_block_mask(mask_mod, B, H, L, S, BLOCK_SIZE=block) if mask_mod is not None else None
+    gqa = q.shape[1] != k.shape[1]
+    out, lse = flex_attention(q, k, v, score_mod=score_mod, block_mask=bm, enable_gqa=gqa, return_lse=True)
+    grads = torch.autograd.grad(out, (q, k, v) + tuple(extra), dout)
+    qr, kr, vr = (x.detach().double().requires_grad_() for x in (q, k, v))
+    ex = tuple(e.detach().double().requires_grad_() for e in extra)
+    sm = score_mod
+    if extra:  # the relative-bias table: the reference differentiates its own copy
+        sm = score_mods.relative_bias(ex[0])
+    ro, rl = ref_attention(qr, kr, vr, sm, mask_mod)
+    rgrads = torch.autograd.grad(ro, (qr, kr, vr) + ex, dout.double())
+    torch.testing.assert_close(out.double(), ro, atol=tol, rtol=tol)
+    torch.testing.assert_close(lse.double(), rl, atol=tol, rtol=tol)
+    for a, r, n in zip(grads, rgrads, ("dq", "dk", "dv", "dtable")):
+        torch.testing.assert_close(a.double(), r, atol=tol, rtol=tol, msg=lambda m: f"{n}: {m}")
+    return bm
+
+
+DOCS = torch.tensor([0] * 11 + [1] * 29 + [2] + [3] * 39)
+
+MASKS = {
+    "causal": lambda: mask_mods.causal(),
+    "sliding": lambda: mask_mods.sliding_window(20),
+    "sliding_two_sided": lambda: mask_mods.sliding_window(7, causal=False),
+    "prefix_lm": lambda: mask_mods.prefix_lm(13),
+    "document": lambda: mask_mods.document(DOCS),
+    "document_causal": lambda: and_masks(mask_mods.document(DOCS), mask_mods.causal()),
+    "or": lambda: or_masks(mask_mods.sliding_window(5, causal=False), mask_mods.prefix_lm(9)),
+    "not_causal": lambda: not_mask(mask_mods.causal()),
+    "noop": lambda: mask_mods.noop(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MASKS))
+def test_builtin_masks(name):
+    q, k, v, do = inputs(1, 2, 2, 80, 80, 16, 16)
+    compare(q, k, v, do, MASKS[name]())
+
+
+@pytest.mark.parametrize("mod", ["softcap", "alibi"])
+def test_score_mods(mod):
+    q, k, v, do = inputs(1, 4, 2, 61, 61, 16, 16)
+    sm = score_mods.softcap(1.5) if mod == "softcap" else score_mods.alibi(4)
+    compare(q * 3, k, v, do, mask_mods.causal(), sm)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_relative_bias_table_grad(shared):
+    q, k, v, do = inputs(1, 2, 2, 70, 70, 16, 16)
+    table = torch.randn(15 if shared else (2, 15)).requires_grad_()
+    compare(q, k, v, do, mask_mods.sliding_window(11), score_mods.relative_bias(table), extra=(table,))
+
+
+def test_dense_no_mask_and_gqa_cross():
+    q, k, v, do = inputs(2, 6, 2, 41, 75, 24, 40)
+    compare(q, k, v, do)
+    compare(q, k, v, do, mask_mods.prefix_lm(30), block=32)
+    with pytest.raises(ValueError):
+        flex_attention(q, k, v)  # GQA without enable_gqa
+
+
+def test_odd_lengths_and_blocks():
+    q, k, v, do = inputs(1, 2, 1, 133, 133, 8, 12)
+    for block in (128, 200, 3):
+        compare(q, k, v, do, mask_mods.sliding_window(40), block=block)
+
+
+def test_bf16():
+    q, k, v, do = inputs(1, 4, 2, 90, 90, 32, 32, dtype=torch.bfloat16)
+    bm = create_block_mask(mask_mods.causal(), None, None, 90, 90, BLOCK_SIZE=32)
+    out = flex_attention(q, k, v, block_mask=bm, enable_gqa=True)
+    assert out.dtype == torch.bfloat16
+    gq, gk, gv = torch.autograd.grad(out, (q, k, v), do.bfloat16())
+    qf, kf, vf = (x.detach().float().requires_grad_() for x in (q, k, v))
+    ro, _ = ref_attention(qf, kf, vf, None, mask_mods.causal())
+    rg = torch.autograd.grad(ro, (qf, kf, vf), do.bfloat16().float())
+    torch.testing.assert_close(out.float(), ro, atol=2e-2, rtol=2e-2)
+    for a, r in zip((gq, gk, gv), rg):
+        assert a.dtype == torch.bfloat16
+        torch.testing.assert_close(a.float(), r, atol=5e-2, rtol=5e-2)
+
+
+def test_python_mask_mod():
+    """A PyTorch-style mask_mod (depends on h, captures a tensor), evaluated block by block."""
+    shift = torch.tensor([0, 3, 7])
+
+    def checker(b, h, q, kv):
+        return ((q // 7 + kv // 5 + shift[h]) % 3 != 0) & (kv <= q + 4)
+
+    q, k, v, do = inputs(1, 3, 3, 57, 57, 16, 16)
+    bm = compare(q, k, v, do, checker, H=3)
+    assert bm.shape == (1, 3, 57, 57)
+    # structure against a naive classification of the dense mask
+    m = create_mask(checker, 1, 3, 57, 57)
+    pad = torch.zeros(1, 3, 64, 64, dtype=torch.bool)
+    valid = torch.zeros_like(pad)
+    pad[..., :57, :57] = m
+    valid[..., :57, :57] = True
+    blocks = lambda x: x.view(1, 3, 4, 16, 4, 16).sum((3, 5))  # noqa: E731
+    ones, cnt = blocks(pad), blocks(valid)
+    want = torch.where(ones == 0, 0, torch.where(ones == cnt, 2, 1)).to(torch.uint8)
+    assert torch.equal(bm.to_dense(), want)
+    assert torch.equal(bm.kv_num_blocks, (want == 1).sum(-1).int())
+    assert torch.equal(bm.full_q_num_blocks, (want == 2).sum(-2).int())
+
+
+def test_python_mask_error_is_raised():
+    def bad(b, h, q, kv):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        create_block_mask(bad, None, None, 32, 32, BLOCK_SIZE=16)
+
+
+def test_block_mask_broadcast_and_names():
+    bm = create_block_mask("causal", 4, 8, 1024, 1024)
+    assert bm.shape == (1, 1, 1024, 1024) and bm.BLOCK_SIZE == (128, 128)
+    assert int(bm.kv_num_blocks.sum()) == 8 and int(bm.full_kv_num_blocks.sum()) == 28
+    docs = torch.stack([torch.arange(100) // 30, torch.arange(100) // 7])
+    bm = create_block_mask(mask_mods.document(docs), 2, 4, 100, 100, BLOCK_SIZE=16)
+    assert bm.shape[:2] == (2, 1)
+    big = create_block_mask(mask_mods.sliding_window(256), None, None, 131072, 131072)
+    assert big.nbytes < 1 << 20 and big.sparsity() > 99
+    with pytest.raises(ValueError):
+        create_block_mask("nope", None, None, 8, 8)
+
+
+def test_document_per_batch_flex():
+    docs = torch.stack([torch.arange(50) // 9, torch.arange(50) // 20])
+    q, k, v, do = inputs(2, 2, 2, 50, 50, 8, 8)
+    compare(q, k, v, do, and_masks(mask_mods.document(docs), mask_mods.causal()), B=2)
+
+
+def test_determinism_threads():
+    q, k, v, do = inputs(1, 4, 2, 300, 300, 32, 32)
+    table = torch.randn(4, 31).requires_grad_()
+    bm = create_block_mask(and_masks(mask_mods.document(torch.arange(300) // 70), mask_mods.causal()),
+                           None, None, 300, 300, BLOCK_SIZE=64)
+    before = ctorch.num_threads()
+    runs = []
+    try:
+        for t in (2, 2, 1):
+            ctorch.set_num_threads(t)
+            out = flex_attention(q, k, v, score_mod=score_mods.relative_bias(table), block_mask=bm, enable_gqa=True)
+            runs.append((out,) + torch.autograd.grad(out, (q, k, v, table), do))
+    finally:
+        ctorch.set_num_threads(before)
+    for r in runs[1:]:
+        for a, b in zip(runs[0], r):
+            assert torch.equal(a, b)
