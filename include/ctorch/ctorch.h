@@ -20,6 +20,7 @@
 #include "ctorch/tensor.h"
 #include "ctorch/ops.h"
 #include "ctorch/loss.h"
+#include "ctorch/telemetry.h"
 #include "ctorch/attention.h"
 
 #endif
