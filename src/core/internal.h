@@ -33,7 +33,5 @@ static inline bool ct_add_size(size_t a, size_t b, size_t *out)
 /* True when the AVX2 kernels are to be used. */
 bool ct_use_avx2(void);
 
-/* OpenBLAS thread control, declared here so no header of OpenBLAS's is needed. */
-void openblas_set_num_threads(int n);
 
 #endif

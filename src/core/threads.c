@@ -65,10 +65,7 @@ static int default_threads(void)
 int ct_num_threads(void)
 {
     pthread_mutex_lock(&state_mu);
-    if (!n_threads) {
-        n_threads = default_threads();
-        openblas_set_num_threads(1); /* ctorch's pool runs the BLAS blocks (ops/gemm.c) */
-    }
+    if (!n_threads) n_threads = default_threads();
     int n = n_threads;
     pthread_mutex_unlock(&state_mu);
     return n;
@@ -83,7 +80,6 @@ ct_status ct_set_num_threads(int n)
     n_threads = n;
     pthread_mutex_unlock(&state_mu);
     pthread_mutex_unlock(&pool_mu);
-    openblas_set_num_threads(1);
     return CT_OK;
 }
 

@@ -7,7 +7,7 @@
 #include "core/internal.h"
 #include "ctorch/ops.h"
 
-#include <cblas.h>
+#include "ops/blas.h"
 #include <string.h>
 
 #define GEMM_BLOCK 256      /* rows of a bf16 operand converted at a time */
@@ -27,6 +27,7 @@ typedef struct {
     int64_t ldc;
     int64_t block;
     bool split_m;
+    ct_sgemm_fn sgemm;
 } gemm_job;
 
 static void gemm_blocks(void *arg, int64_t b0, int64_t b1, int tid)
@@ -48,9 +49,8 @@ static void gemm_blocks(void *arg, int64_t b0, int64_t b1, int tid)
             B += j->tb ? s * j->ldb : s;
             C += s;
         }
-        cblas_sgemm(CblasRowMajor, j->ta ? CblasTrans : CblasNoTrans, j->tb ? CblasTrans : CblasNoTrans,
-                    (blasint)M, (blasint)N, (blasint)j->K, j->alpha, A, (blasint)j->lda, B,
-                    (blasint)j->ldb, j->beta, C, (blasint)j->ldc);
+        j->sgemm(j->ta, j->tb, (int)M, (int)N, (int)j->K, j->alpha, A, (int)j->lda, B, (int)j->ldb, j->beta, C,
+                 (int)j->ldc);
     }
 }
 
@@ -81,7 +81,10 @@ ct_status ct_gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
             for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
         return CT_OK;
     }
-    gemm_job j = {trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 0, false};
+    if (lda > INT32_MAX || ldb > INT32_MAX || ldc > INT32_MAX)
+        return ct_error(CT_EINVAL, "ct_gemm_f32: leading dimensions must fit in 32 bits for CBLAS");
+    gemm_job j = {trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 0, false, NULL};
+    CT_TRY(ct_blas_sgemm(&j.sgemm));
     int64_t big = M >= N ? M : N;
     j.split_m = M >= N;
     j.block = big <= GEMM_MIN_BLOCK ? big : (big + GEMM_MAX_BLOCKS - 1) / GEMM_MAX_BLOCKS;

@@ -29,7 +29,7 @@ def test_c_example(tmp_path):
     static = os.path.join(os.path.dirname(lib), "libctorch.a")
     exe = tmp_path / "example"
     cc = subprocess.run(["cc", "-std=c11", "-Wall", "-Wextra", "-Werror", "-I", os.path.join(ROOT, "include"),
-                         str(src), static, "-lopenblas", "-ljansson", "-lm", "-lpthread", "-o", str(exe)],
+                         str(src), static, "-ljansson", "-lm", "-lpthread", "-ldl", "-o", str(exe)],
                         capture_output=True, text=True)
     assert cc.returncode == 0, cc.stderr
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
