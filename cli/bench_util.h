@@ -46,5 +46,6 @@ json_t *bench_machine_json(double sgemm);
 int bench_gemm(bench_ctx *b, int argc, char **argv);
 int bench_lce(bench_ctx *b, int argc, char **argv);
 int bench_flex(bench_ctx *b, int argc, char **argv);
+int bench_io(bench_ctx *b, int argc, char **argv);
 
 #endif

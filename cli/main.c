@@ -10,6 +10,7 @@ static const struct {
     const char *summary;
 } commands[] = {
     {"bench", cmd_bench, "run a benchmark (gemm, lce, ...) against its baseline"},
+    {"inspect", cmd_inspect, "validate a tensor file and list its tensors and metadata (--json)"},
     {"telemetry", cmd_telemetry, "memory, CPU utilisation and clocks, temperature, power (--json, --watch)"},
     {"version", cmd_version, "print the version and the instruction set in use"},
 };

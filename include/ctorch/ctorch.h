@@ -22,5 +22,6 @@
 #include "ctorch/loss.h"
 #include "ctorch/telemetry.h"
 #include "ctorch/attention.h"
+#include "ctorch/io.h"
 
 #endif

@@ -1,5 +1,8 @@
 #include "core/internal.h"
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,9 +15,9 @@ static void isa_detect(void)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
-        isa_best = CT_ISA_AVX2;
+    unsigned a, b, c, d; /* F16C via CPUID: clang 14 lacks __builtin_cpu_supports("f16c") */
+    bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c) isa_best = CT_ISA_AVX2;
 #endif
     isa_active = isa_best;
     const char *force = getenv("CT_FORCE_SCALAR");

@@ -1,0 +1,319 @@
+"""Safetensors through libctorch: format detection, zero-copy loading, atomic saving.
+
+    from ctorch import io
+    with io.SafetensorsFile("model.safetensors") as f:
+        w = f.numpy("lm_head.weight")          # read-only view into the mapped file
+        w32 = f.to("embed.weight", "f32")       # converted copy (bf16/f16/f8 -> f32, ...)
+        print(f.metadata, f.info("embed.weight"))
+    io.save("out.safetensors", {"w": np_array, "b": torch_bf16_tensor}, metadata={"step": "1"})
+
+Views returned by ``raw``/``numpy`` keep the file open for as long as they live.
+"""
+import ctypes
+
+import numpy as np
+
+from ._lib import check, lib
+
+MAX_DIMS = 8
+ST_DTYPES = ["BOOL", "U8", "I8", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64", "I64",
+             "U64", "C64", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F4",
+             "F6_E2M3", "F6_E3M2"]
+FORMATS = ["unknown", "safetensors", "pytorch-zip", "pickle", "gguf", "numpy", "npz"]
+CT_DTYPES = ["f32", "f64", "f16", "bf16", "i8", "u8", "i16", "i32", "i64", "bool", "f8e4m3", "f8e5m2"]
+# safetensors dtype -> numpy dtype, for those numpy has.
+NUMPY = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "I16": np.int16, "U16": np.uint16,
+         "F16": np.float16, "I32": np.int32, "U32": np.uint32, "F32": np.float32, "F64": np.float64,
+         "I64": np.int64, "U64": np.uint64, "C64": np.complex64}
+# numpy dtype -> ct_dtype (the rest of NUMPY's dtypes are saved as raw bytes)
+_NP_CT = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.float16): 2,
+          np.dtype(np.int8): 4, np.dtype(np.uint8): 5, np.dtype(np.int16): 6,
+          np.dtype(np.int32): 7, np.dtype(np.int64): 8, np.dtype(np.bool_): 9}
+_NP_RAW = {np.dtype(np.uint16): "U16", np.dtype(np.uint32): "U32", np.dtype(np.uint64): "U64",
+           np.dtype(np.complex64): "C64"}
+
+_P = ctypes.POINTER
+_i64p = _P(ctypes.c_int64)
+
+
+class _Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("ndim", ctypes.c_int),
+                ("shape", ctypes.c_int64 * MAX_DIMS), ("strides", ctypes.c_int64 * MAX_DIMS),
+                ("owns", ctypes.c_bool)]
+
+
+class _Info(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("st_dtype", ctypes.c_int), ("has_dtype", ctypes.c_bool),
+                ("dtype", ctypes.c_int), ("ndim", ctypes.c_int), ("shape", _i64p),
+                ("numel", ctypes.c_uint64), ("nbytes", ctypes.c_uint64),
+                ("data_begin", ctypes.c_uint64), ("data_end", ctypes.c_uint64),
+                ("file_offset", ctypes.c_uint64), ("data", ctypes.c_void_p)]
+
+
+class _Summary(ctypes.Structure):
+    _fields_ = [("format", ctypes.c_int), ("file_bytes", ctypes.c_uint64),
+                ("header_bytes", ctypes.c_uint64), ("data_offset", ctypes.c_uint64),
+                ("data_bytes", ctypes.c_uint64), ("total_elements", ctypes.c_uint64),
+                ("tensors", ctypes.c_size_t), ("metadata", ctypes.c_size_t)]
+
+
+class _LoadOptions(ctypes.Structure):
+    _fields_ = [("format", ctypes.c_int), ("populate", ctypes.c_bool)]
+
+
+class _SaveOptions(ctypes.Structure):
+    _fields_ = [("sync", ctypes.c_bool), ("anonymous_temp", ctypes.c_bool)]
+
+
+class _SaveEntry(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("tensor", _P(_Tensor)), ("st_dtype", ctypes.c_int),
+                ("ndim", ctypes.c_int), ("shape", _i64p), ("data", ctypes.c_void_p)]
+
+
+_vp = ctypes.c_void_p
+lib.ct_detect_format.restype = ctypes.c_int
+lib.ct_detect_format.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+lib.ct_load_options_default.restype = _LoadOptions
+lib.ct_load.argtypes = [ctypes.c_char_p, _P(_LoadOptions), _P(_vp)]
+lib.ct_load_memory.argtypes = [ctypes.c_char_p, ctypes.c_size_t, _P(_LoadOptions), _P(_vp)]
+lib.ct_safetensors_validate.argtypes = [ctypes.c_char_p, ctypes.c_size_t, _P(ctypes.c_int)]
+lib.ct_st_rule_name.restype = ctypes.c_char_p
+lib.ct_st_rule_name.argtypes = [ctypes.c_int]
+lib.ct_tensor_file_close.argtypes = [_vp]
+lib.ct_tensor_file_close.restype = None
+lib.ct_tensor_file_summarize.argtypes = [_vp, _P(_Summary)]
+lib.ct_tensor_file_count.argtypes = [_vp]
+lib.ct_tensor_file_count.restype = ctypes.c_size_t
+lib.ct_tensor_file_info.argtypes = [_vp, ctypes.c_size_t, _P(_Info)]
+lib.ct_tensor_file_find.argtypes = [_vp, ctypes.c_char_p, _P(ctypes.c_size_t)]
+lib.ct_tensor_file_read.argtypes = [_vp, ctypes.c_size_t, ctypes.c_int, _P(_Tensor)]
+lib.ct_tensor_file_metadata_count.argtypes = [_vp]
+lib.ct_tensor_file_metadata_count.restype = ctypes.c_size_t
+lib.ct_tensor_file_metadata.argtypes = [_vp, ctypes.c_size_t, _P(ctypes.c_char_p), _P(ctypes.c_char_p)]
+lib.ct_tensor_free.argtypes = [_P(_Tensor)]
+lib.ct_tensor_free.restype = None
+lib.ct_save_options_default.restype = _SaveOptions
+lib.ct_save_safetensors_entries.argtypes = [ctypes.c_char_p, _P(_SaveEntry), ctypes.c_size_t,
+                                            _P(ctypes.c_char_p), _P(ctypes.c_char_p), ctypes.c_size_t,
+                                            _P(_SaveOptions)]
+
+
+def _path(p):
+    return p.encode() if isinstance(p, str) else bytes(p)
+
+
+def detect_format(data):
+    """Format name of a file (path) or of bytes: one of FORMATS."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        head = bytes(data[:64])
+    else:
+        with open(data, "rb") as f:
+            head = f.read(64)
+    return FORMATS[lib.ct_detect_format(head, len(head))]
+
+
+def validate(data):
+    """Check a safetensors file image (bytes). Returns None when valid, else the name of the
+    rule it breaks ("gap", "overlap", ...)."""
+    b = bytes(data)
+    rule = ctypes.c_int(0)
+    lib.ct_safetensors_validate(b, len(b), ctypes.byref(rule))
+    return None if rule.value == 0 else lib.ct_st_rule_name(rule.value).decode()
+
+
+class SafetensorsFile:
+    """A file opened with ct_load: mapped read-only, validated, tensors as zero-copy views."""
+
+    def __init__(self, path, populate=False, force_safetensors=False):
+        o = lib.ct_load_options_default()
+        o.populate = bool(populate)
+        if force_safetensors:
+            o.format = 1
+        h = ctypes.c_void_p()
+        check(lib.ct_load(_path(path), ctypes.byref(o), ctypes.byref(h)))
+        self._h = h
+        self.path = path
+        s = _Summary()
+        check(lib.ct_tensor_file_summarize(h, ctypes.byref(s)))
+        self.format = FORMATS[s.format]
+        self.file_bytes, self.header_bytes = s.file_bytes, s.header_bytes
+        self.data_offset, self.data_bytes = s.data_offset, s.data_bytes
+        self._infos = []
+        for i in range(s.tensors):
+            inf = _Info()
+            check(lib.ct_tensor_file_info(h, i, ctypes.byref(inf)))
+            self._infos.append(inf)
+        self._index = {inf.name.decode(): i for i, inf in enumerate(self._infos)}
+        self.metadata = {}
+        for i in range(s.metadata):
+            k, v = ctypes.c_char_p(), ctypes.c_char_p()
+            check(lib.ct_tensor_file_metadata(h, i, ctypes.byref(k), ctypes.byref(v)))
+            self.metadata[k.value.decode()] = v.value.decode()
+
+    def close(self):
+        """Unmap the file. Views still alive keep it mapped until they die."""
+        self._closing = True
+        self._release()
+
+    def _release(self):
+        if getattr(self, "_h", None) and getattr(self, "_views", 0) == 0:
+            lib.ct_tensor_file_close(self._h)
+            self._h = None
+
+    def __del__(self):
+        self._closing = True
+        self._release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def keys(self):
+        """Tensor names in file order (ascending data offset)."""
+        return list(self._index)
+
+    def __iter__(self):
+        return iter(self._index)
+
+    def __len__(self):
+        return len(self._infos)
+
+    def __contains__(self, name):
+        return name in self._index
+
+    def _inf(self, name):
+        if not self._h:
+            raise ValueError("ctorch.io: the file is closed")
+        if name not in self._index:
+            # Ask the library for its message (it names the tensor).
+            idx = ctypes.c_size_t()
+            check(lib.ct_tensor_file_find(self._h, name.encode(), ctypes.byref(idx)))
+        return self._index[name], self._infos[self._index[name]]
+
+    def info(self, name):
+        _, t = self._inf(name)
+        return {"name": name, "dtype": ST_DTYPES[t.st_dtype], "shape": [t.shape[d] for d in range(t.ndim)],
+                "numel": t.numel, "nbytes": t.nbytes, "data_offsets": [t.data_begin, t.data_end],
+                "file_offset": t.file_offset}
+
+    def raw(self, name):
+        """The tensor's bytes as a read-only uint8 array, without copying."""
+        _, t = self._inf(name)
+        buf = (ctypes.c_uint8 * t.nbytes).from_address(t.data or 1)
+        buf._owner = _ViewGuard(self)  # the mapping lives while the array does
+        a = np.frombuffer(buf, dtype=np.uint8)
+        a.flags.writeable = False
+        return a
+
+    def numpy(self, name):
+        """Zero-copy read-only array with the tensor's numpy dtype and shape. For dtypes numpy
+        lacks (BF16, F8_*, F4, F6_*) use raw() or to()."""
+        inf = self.info(name)
+        if inf["dtype"] not in NUMPY:
+            raise TypeError(f"ctorch.io: tensor {name!r} is {inf['dtype']}, which numpy has no dtype "
+                            "for: use raw() for its bytes or to() to convert it")
+        return self.raw(name).view(np.dtype(NUMPY[inf["dtype"]]).newbyteorder("<")).reshape(inf["shape"])
+
+    def to(self, name, dtype):
+        """Converted copy through ct_tensor_file_read; dtype is a ctorch dtype name ("f32",
+        "bf16", ...). bf16 and f8 results come back as uint16 / uint8 bit patterns."""
+        i, _ = self._inf(name)
+        out = _Tensor()
+        check(lib.ct_tensor_file_read(self._h, i, CT_DTYPES.index(dtype), ctypes.byref(out)))
+        try:
+            shape = [out.shape[d] for d in range(out.ndim)]
+            npdt = {"bf16": np.uint16, "f8e4m3": np.uint8, "f8e5m2": np.uint8}.get(dtype)
+            npdt = np.dtype(npdt or {"f32": np.float32, "f64": np.float64, "f16": np.float16,
+                                     "i8": np.int8, "u8": np.uint8, "i16": np.int16, "i32": np.int32,
+                                     "i64": np.int64, "bool": np.bool_}[dtype])
+            n = int(np.prod(shape, dtype=np.int64)) * npdt.itemsize
+            data = ctypes.string_at(out.data, n) if n else b""
+            return np.frombuffer(data, dtype=npdt).reshape(shape).copy()
+        finally:
+            lib.ct_tensor_free(ctypes.byref(out))
+
+
+class _ViewGuard:
+    """Counts live views of a file so close() cannot unmap memory they still point to."""
+
+    def __init__(self, f):
+        self.f = f
+        f._views = getattr(f, "_views", 0) + 1
+
+    def __del__(self):
+        self.f._views -= 1
+        if getattr(self.f, "_closing", False):
+            self.f._release()
+
+
+def load(path):
+    """Every tensor of a safetensors file as numpy arrays (copies; dtypes numpy lacks come as
+    uint8 bytes), plus the metadata: returns (tensors, metadata)."""
+    with SafetensorsFile(path) as f:
+        out = {}
+        for k in f.keys():
+            dt = f.info(k)["dtype"]
+            out[k] = (f.numpy(k) if dt in NUMPY else f.raw(k)).copy()
+        return out, dict(f.metadata)
+
+
+def _as_array(v):
+    """(ct_dtype or st name, contiguous-or-strided array, keepalive) for a numpy array or a torch
+    tensor."""
+    if hasattr(v, "data_ptr"):  # torch
+        import torch
+        v = v.detach().cpu()
+        if v.dtype == torch.bfloat16:
+            return 3, v.contiguous().view(torch.int16).numpy().view(np.uint16), None
+        v = v.numpy()
+    a = np.asarray(v)
+    if a.dtype.byteorder == ">":
+        a = a.astype(a.dtype.newbyteorder("<"))
+    return None, a, None
+
+
+def save(path, tensors, metadata=None, sync=True, anonymous_temp=True):
+    """Write tensors (a dict name -> numpy array or torch tensor) and metadata (dict of str) to
+    a safetensors file with ct_save_safetensors_entries (atomic; layout by descending element
+    size, ties in dict order). Strided numpy arrays are passed without copying."""
+    entries = (_SaveEntry * max(1, len(tensors)))()
+    keep = []
+    for i, (name, v) in enumerate(tensors.items()):
+        forced, a, _ = _as_array(v)
+        e = entries[i]
+        e.name = name.encode()
+        keep.append(e.name)
+        ct = forced if forced is not None else _NP_CT.get(a.dtype)
+        if ct is not None and a.ndim <= MAX_DIMS:
+            isz = a.itemsize
+            if any(s < 0 or s % isz for s in a.strides):
+                a = np.ascontiguousarray(a)
+            t = _Tensor()
+            t.data = a.ctypes.data if a.size else None
+            t.dtype, t.ndim = ct, a.ndim
+            for d in range(a.ndim):
+                t.shape[d] = a.shape[d]
+                t.strides[d] = a.strides[d] // isz
+            keep += [a, t]
+            e.tensor = ctypes.pointer(t)
+        else:
+            st = _NP_RAW.get(a.dtype) or {np.dtype(k): n for n, k in NUMPY.items()}.get(a.dtype)
+            if st is None:
+                raise TypeError(f"ctorch.io.save: tensor {name!r} has dtype {a.dtype}, which "
+                                "safetensors cannot hold")
+            a = np.ascontiguousarray(a)
+            shape = (ctypes.c_int64 * max(1, a.ndim))(*a.shape)
+            keep += [a, shape]
+            e.st_dtype, e.ndim = ST_DTYPES.index(st), a.ndim
+            e.shape = ctypes.cast(shape, _i64p)
+            e.data = a.ctypes.data if a.size else None
+    metadata = metadata or {}
+    mk = (ctypes.c_char_p * max(1, len(metadata)))(*[k.encode() for k in metadata])
+    mv = (ctypes.c_char_p * max(1, len(metadata)))(*[str(v).encode() for v in metadata.values()])
+    o = lib.ct_save_options_default()
+    o.sync, o.anonymous_temp = bool(sync), bool(anonymous_temp)
+    check(lib.ct_save_safetensors_entries(_path(path), entries, len(tensors), mk, mv, len(metadata),
+                                          ctypes.byref(o)))
+    del keep

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Build every libFuzzer target (tests/fuzz/fuzz_*.c) with clang, ASan and UBSan, and run each
+# for a bounded time over the seed corpus. Exit status non-zero on any finding; the crashing
+# input is left in the build folder (crash-*, leak-*, timeout-*): add it to
+# tests/fuzz/corpus/safetensors/ as regress-<what>.safetensors, and it becomes a C test
+# (tests/c/test_io_corpus.c runs every corpus file through the same checks).
+#
+# Usage: bash tests/fuzz/run_fuzz.sh [SECONDS_PER_TARGET (default 30)] [TARGET...]
+# Env:   FUZZ_BUILD_DIR (default build-fuzz), FUZZ_JOBS (parallel fuzzing processes, default 1)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+SECONDS_PER_TARGET=${1:-30}
+shift || true
+BUILD=${FUZZ_BUILD_DIR:-build-fuzz}
+JOBS=${FUZZ_JOBS:-1}
+SEEDS=tests/fuzz/corpus/safetensors
+
+command -v clang >/dev/null || { echo "run_fuzz.sh: clang is needed (apt-get install clang libclang-rt-14-dev)"; exit 1; }
+# The library itself is instrumented for coverage (fuzzer-no-link), not only the targets.
+# Warnings are the main build's business: a clang-only warning elsewhere must not stop fuzzing.
+CC=clang cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCTORCH_FUZZ=ON -DCTORCH_WERROR=OFF \
+  -DCMAKE_C_FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
+  >/dev/null
+TARGETS=("$@")
+if [ ${#TARGETS[@]} -eq 0 ]; then
+  for f in tests/fuzz/fuzz_*.c; do TARGETS+=("$(basename "$f" .c)"); done
+fi
+cmake --build "$BUILD" -j"$(nproc)" --target "${TARGETS[@]}"
+
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export TMPDIR=${TMPDIR:-/tmp}
+status=0
+for t in "${TARGETS[@]}"; do
+  work="$BUILD/fuzz-corpus/$t"   # new inputs go here; the seed folder stays untouched
+  mkdir -p "$work" "$BUILD/fuzz-artifacts"
+  echo "== $t: ${SECONDS_PER_TARGET} s"
+  if ! "$BUILD/$t" "$work" "$SEEDS" -max_total_time="$SECONDS_PER_TARGET" -max_len=65536 \
+       -timeout=10 -rss_limit_mb=2048 -jobs="$JOBS" -workers="$JOBS" -print_final_stats=1 \
+       -artifact_prefix="$BUILD/fuzz-artifacts/$t-" 2>"$BUILD/$t.log"; then
+    status=1
+    echo "!! $t found a problem: see $BUILD/$t.log and $BUILD/fuzz-artifacts/"
+    tail -40 "$BUILD/$t.log"
+  fi
+  grep -E "stat::number_of_executed_units|stat::average_exec_per_sec|stat::peak_rss_mb" "$BUILD/$t.log" || true
+done
+exit $status

@@ -1,0 +1,306 @@
+"""Safetensors interop: files from an independent writer (struct + json + numpy, written here
+from the specification) load through ctorch with identical bytes; files ctorch writes read
+back with an independent reader and with numpy; torch provides the bf16 oracle."""
+import json
+import os
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import ctorch
+from ctorch import io
+from ctorch._lib import CtorchError
+
+BITS = {"BOOL": 8, "U8": 8, "I8": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32,
+        "U32": 32, "F32": 32, "F64": 64, "I64": 64, "U64": 64, "C64": 64, "F8_E4M3": 8,
+        "F8_E5M2": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "F4": 4, "F6_E2M3": 6,
+        "F6_E3M2": 6}
+NP = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "I16": np.int16, "U16": np.uint16,
+      "F16": np.float16, "I32": np.int32, "U32": np.uint32, "F32": np.float32, "F64": np.float64,
+      "I64": np.int64, "U64": np.uint64, "C64": np.complex64}
+
+
+# ---- an independent writer and reader, from the specification --------------------------
+
+def write_st(path, tensors, metadata=None, pad=True):
+    """tensors: list of (name, dtype, shape, raw bytes), laid out in the order given."""
+    hdr, off, blobs = {}, 0, []
+    if metadata is not None:
+        hdr["__metadata__"] = metadata
+    for name, dt, shape, raw in tensors:
+        hdr[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + len(raw)]}
+        off += len(raw)
+        blobs.append(raw)
+    h = json.dumps(hdr).encode()
+    if pad:
+        h += b" " * (-len(h) % 8)
+    Path(path).write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def read_st(path):
+    """Parse with struct + json and check the layout rules; returns (header, data, n)."""
+    b = Path(path).read_bytes()
+    (n,) = struct.unpack("<Q", b[:8])
+    raw = b[8:8 + n]
+    hdr = json.loads(raw)
+    meta = hdr.pop("__metadata__", None)
+    spans = sorted((v["data_offsets"][0], v["data_offsets"][1], k) for k, v in hdr.items())
+    pos = 0
+    for s, e, k in spans:
+        assert s == pos, f"{k} not contiguous"
+        nel = int(np.prod(hdr[k]["shape"], dtype=np.int64))
+        assert e - s == nel * BITS[hdr[k]["dtype"]] // 8
+        pos = e
+    assert 8 + n + pos == len(b), "data buffer not covered exactly"
+    return hdr, meta, b[8 + n:], raw
+
+
+def rand_bytes(rng, n):
+    return rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+def bf16_bits(x):
+    """float32 -> bf16 bit patterns, rounding as torch does."""
+    return torch.from_numpy(np.asarray(x, np.float32)).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+
+
+# ---- load ------------------------------------------------------------------------------
+
+def test_independent_writer_every_dtype(tmp_path):
+    rng = np.random.default_rng(0)
+    tensors = []
+    for i, dt in enumerate(BITS):
+        shape = [2, 4] if i % 3 else [1, 2, 4]
+        nel = int(np.prod(shape))
+        if dt in NP and dt != "BOOL":
+            arr = (rng.standard_normal(nel) * 50).astype(NP[dt]).reshape(shape)
+            raw = arr.astype(np.dtype(NP[dt]).newbyteorder("<")).tobytes()
+        elif dt == "BOOL":
+            raw = (rng.integers(0, 2, nel) > 0).astype(np.bool_).tobytes()
+        elif dt == "BF16":
+            raw = bf16_bits(rng.standard_normal(nel)).tobytes()
+        else:
+            raw = rand_bytes(rng, nel * BITS[dt] // 8)
+        tensors.append((f"model.{dt.lower()}", dt, shape, raw))
+    tensors.append(("scalar", "F64", [], struct.pack("<d", 2.5)))
+    tensors.append(("empty", "F32", [0, 3], b""))
+    # An unaligned order on purpose: U8 first puts everything after it at odd offsets.
+    tensors.insert(0, ("first.byte", "U8", [3], b"\x01\x02\x03"))
+    p = tmp_path / "indep.safetensors"
+    write_st(p, tensors, {"format": "pt", "note": "caf\u00e9"})
+    with io.SafetensorsFile(p) as f:
+        assert f.format == "safetensors"
+        assert f.keys() == [t[0] for t in tensors]  # file order == data order here
+        assert f.metadata == {"format": "pt", "note": "caf\u00e9"}
+        for name, dt, shape, raw in tensors:
+            inf = f.info(name)
+            assert inf["dtype"] == dt and inf["shape"] == list(shape) and inf["nbytes"] == len(raw)
+            assert f.raw(name).tobytes() == raw  # identical bytes
+            if dt in NP:
+                a = f.numpy(name)
+                assert a.shape == tuple(shape)
+                assert a.tobytes() == np.frombuffer(raw, NP[dt]).tobytes()
+                assert not a.flags.writeable
+        # bf16 -> f32 through ctorch equals torch's conversion of the same bits
+        raw = dict((t[0], t[3]) for t in tensors)["model.bf16"]
+        want = torch.from_numpy(np.frombuffer(raw, np.int16).copy()).view(torch.bfloat16).float().numpy()
+        assert np.array_equal(f.to("model.bf16", "f32").ravel(), want)
+        f16 = np.frombuffer(raw and dict((t[0], t[3]) for t in tensors)["model.f16"], np.float16)
+        assert np.array_equal(f.to("model.f16", "f32").ravel(), f16.astype(np.float32))
+        assert f.to("scalar", "f32").shape == () and f.to("scalar", "f32") == 2.5
+        assert f.numpy("empty").shape == (0, 3)
+        with pytest.raises(TypeError):
+            f.numpy("model.f4")
+        with pytest.raises(CtorchError) as e:
+            f.to("model.f4", "f32")
+        assert e.value.status == "CT_EUNSUPPORTED"
+        with pytest.raises(CtorchError) as e:
+            f.info("nope")
+        assert "nope" in str(e.value)
+
+
+def test_f8_conversion_against_torch_rounding(tmp_path):
+    x = np.linspace(-500, 500, 4001, dtype=np.float32)
+    p = tmp_path / "f32.safetensors"
+    write_st(p, [("x", "F32", [x.size], x.tobytes())])
+    with io.SafetensorsFile(p) as f:
+        assert np.array_equal(f.to("x", "bf16"), bf16_bits(x))
+        assert np.array_equal(f.to("x", "f16"), x.astype(np.float16))
+        e4 = f.to("x", "f8e4m3")
+        assert e4.dtype == np.uint8 and e4.size == x.size
+    # and the f8 bits read back to f32 as the scalar conversions say (within e4m3's range)
+    p2 = tmp_path / "f8.safetensors"
+    write_st(p2, [("e4", "F8_E4M3", [e4.size], e4.tobytes())])
+    with io.SafetensorsFile(p2) as f:
+        back = f.to("e4", "f32")
+        assert np.all(np.abs(back - np.clip(x, -448, 448)) <= np.abs(np.clip(x, -448, 448)) / 8 + 1e-2)
+
+
+def test_views_keep_the_file_alive(tmp_path):
+    p = tmp_path / "v.safetensors"
+    write_st(p, [("a", "F32", [4], np.arange(4, dtype=np.float32).tobytes())])
+    f = io.SafetensorsFile(p)
+    a = f.numpy("a")
+    f.close()  # deferred while a lives
+    assert a.tolist() == [0, 1, 2, 3]
+    del a, f
+
+
+# ---- save --------------------------------------------------------------------------------
+
+def test_ctorch_writes_independent_reader_and_numpy_read(tmp_path):
+    rng = np.random.default_rng(1)
+    base = rng.standard_normal((6, 10)).astype(np.float32)
+    tensors = {
+        "u8": np.arange(5, dtype=np.uint8),
+        "w.f32": base,
+        "w.t": base.T,                        # non-contiguous
+        "w.step": base[::2, 1::3],            # stepped
+        "f64": rng.standard_normal(3),
+        "i64": np.array([-1, 2**40], dtype=np.int64),
+        "f16": rng.standard_normal(7).astype(np.float16),
+        "bool": np.array([True, False, True]),
+        "u16": np.array([1, 65535], dtype=np.uint16),   # raw: no ctorch dtype
+        "c64": np.array([1 + 2j], dtype=np.complex64),
+        "scalar": np.float32(7.5),
+        "empty": np.zeros((0, 4), np.float32),
+        "bf16": torch.randn(3, 5).to(torch.bfloat16),
+        "big.i32": np.arange(100000, dtype=np.int32).reshape(1000, 100)[:, ::-1],  # negative stride
+    }
+    p = tmp_path / "ct.safetensors"
+    io.save(p, tensors, metadata={"step": 12, "who": "ctorch"})
+    hdr, meta, data, raw = read_st(p)
+    assert meta == {"step": "12", "who": "ctorch"}
+    assert len(raw) % 8 == 0 and raw.rstrip(b" ").endswith(b"}") and len(raw) - len(raw.rstrip(b" ")) < 8
+    assert raw.startswith(b'{"__metadata__"')
+    # layout: descending element size, ties in the order given; every tensor aligned
+    order = sorted(hdr, key=lambda k: hdr[k]["data_offsets"][0])
+    sizes = [BITS[hdr[k]["dtype"]] // 8 for k in order]
+    assert sizes == sorted(sizes, reverse=True)
+    given = list(tensors)
+    for a, b in zip(order, order[1:]):
+        if BITS[hdr[a]["dtype"]] == BITS[hdr[b]["dtype"]]:
+            assert given.index(a) < given.index(b)
+    for k in hdr:
+        assert (8 + len(raw) + hdr[k]["data_offsets"][0]) % (BITS[hdr[k]["dtype"]] // 8) == 0
+    # values, with numpy (memmap of the same file) as the reader
+    mm = np.memmap(p, dtype=np.uint8, mode="r")
+    for k, v in tensors.items():
+        s, e = hdr[k]["data_offsets"]
+        chunk = bytes(mm[8 + len(raw) + s: 8 + len(raw) + e])
+        if k == "bf16":
+            assert hdr[k]["dtype"] == "BF16"
+            want = v.contiguous().view(torch.int16).numpy().tobytes()
+        else:
+            a = np.asarray(v)
+            assert hdr[k]["dtype"] == {np.dtype(t): n for n, t in NP.items()}[a.dtype]
+            want = np.ascontiguousarray(a).tobytes()
+            assert np.array_equal(np.frombuffer(chunk, a.dtype).reshape(a.shape), a)
+        assert chunk == want, k
+        assert hdr[k]["shape"] == list(np.asarray(v).shape if k != "bf16" else v.shape)
+    del mm
+    # and ctorch reads its own file back bit for bit
+    back, meta2 = io.load(p)
+    assert meta2 == {"step": "12", "who": "ctorch"}
+    for k, v in tensors.items():
+        if k != "bf16":
+            assert back[k].tobytes() == np.ascontiguousarray(np.asarray(v)).tobytes()
+    assert io.validate(p.read_bytes()) is None
+
+
+def test_save_replaces_atomically_and_keeps_old_on_failure(tmp_path):
+    p = tmp_path / "ckpt.safetensors"
+    io.save(p, {"a": np.ones(4, np.float32)})
+    old = p.read_bytes()
+    with pytest.raises(CtorchError) as e:
+        io.save(p, {"a": np.ones(4, np.float32), "__metadata__": np.ones(1, np.float32)})
+    assert e.value.status == "CT_EINVAL"
+    with pytest.raises(CtorchError) as e:
+        io.save(tmp_path / "missing" / "x.safetensors", {"a": np.ones(1, np.float32)})
+    assert e.value.status == "CT_EIO"
+    assert p.read_bytes() == old
+    assert not [f for f in os.listdir(tmp_path) if "ctorch-tmp" in f]
+    io.save(p, {"b": np.zeros(2, np.float64)}, sync=False, anonymous_temp=False)
+    assert io.load(p)[0]["b"].tolist() == [0.0, 0.0]
+    assert not [f for f in os.listdir(tmp_path) if "ctorch-tmp" in f]
+
+
+# ---- hostile files and other formats --------------------------------------------------
+
+@pytest.mark.parametrize("hdr,data,status,rule", [
+    (b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}}', 4, "CT_EFORMAT", "size-mismatch"),
+    (b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],'
+     b'"data_offsets":[4,8]}}', 8, "CT_EFORMAT", "duplicate-key"),
+    (b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}', 8, "CT_EFORMAT", "trailing"),
+    (b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}', 8, "CT_EFORMAT", "gap"),
+    (b'{"a":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,4]}}', 4, "CT_EOVERFLOW",
+     "overflow"),
+    (b'{"__metadata__":{"k":1}}', 0, "CT_EFORMAT", "metadata"),
+    (b'{"a\xff":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}', 4, "CT_EFORMAT", "utf8"),
+])
+def test_hostile(tmp_path, hdr, data, status, rule):
+    b = struct.pack("<Q", len(hdr)) + hdr + bytes(data)
+    assert io.validate(b) == rule
+    p = tmp_path / "bad.safetensors"
+    p.write_bytes(b)
+    with pytest.raises(CtorchError) as e:
+        io.SafetensorsFile(p)
+    assert e.value.status == status and f"[{rule}]" in str(e.value)
+
+
+def test_other_formats_are_named(tmp_path):
+    t = {"w": torch.ones(2)}
+    torch.save(t, tmp_path / "zip.pt")
+    torch.save(t, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
+    np.save(tmp_path / "a.npy", np.ones(3))
+    np.savez(tmp_path / "a.npz", w=np.ones(3))
+    (tmp_path / "x.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(24))
+    (tmp_path / "x.txt").write_bytes(b"hello world, not tensors")
+    for name, fmt, words in [("zip.pt", "pytorch-zip", "PyTorch zip"), ("legacy.pt", "pickle", "pickle"),
+                             ("a.npy", "numpy", "NumPy .npy"), ("a.npz", "npz", "NumPy .npz"),
+                             ("x.gguf", "gguf", "GGUF")]:
+        assert io.detect_format(tmp_path / name) == fmt
+        with pytest.raises(CtorchError) as e:
+            io.SafetensorsFile(tmp_path / name)
+        assert e.value.status == "CT_EUNSUPPORTED" and words in str(e.value) and "not support" in str(e.value)
+    with pytest.raises(CtorchError) as e:
+        io.SafetensorsFile(tmp_path / "x.txt")
+    assert e.value.status == "CT_EFORMAT" and "unknown format" in str(e.value) and "68 65 6c 6c 6f" in str(e.value)
+
+
+# ---- the CLI -----------------------------------------------------------------------------
+
+def _cli():
+    env = os.environ.get("CTORCH_CLI")
+    if env:
+        return env
+    lib = Path(ctorch.lib._name).resolve()
+    cand = lib.parent / "ctorch"
+    assert cand.exists(), "set CTORCH_CLI to the ctorch program"
+    return str(cand)
+
+
+def test_cli_inspect(tmp_path):
+    p = tmp_path / "m.safetensors"
+    write_st(p, [("w", "BF16", [2, 3], bytes(12)), ("b", "F32", [3], bytes(12))], {"k": "v"})
+    r = subprocess.run([_cli(), "inspect", str(p), "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["valid"] and j["format"] == "safetensors" and j["metadata"] == {"k": "v"}
+    assert [(t["name"], t["dtype"], t["shape"], t["bytes"], t["data_offsets"]) for t in j["tensors"]] == \
+        [("w", "BF16", [2, 3], 12, [0, 12]), ("b", "F32", [3], 12, [12, 24])]
+    assert j["totals"]["tensors"] == 2 and j["totals"]["bytes"] == 24 and j["totals"]["elements"] == 9
+    r = subprocess.run([_cli(), "inspect", str(p)], capture_output=True, text=True)
+    assert r.returncode == 0 and "BF16" in r.stdout and "[2, 3]" in r.stdout
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(p.read_bytes() + b"x")
+    r = subprocess.run([_cli(), "inspect", str(bad)], capture_output=True, text=True)
+    assert r.returncode != 0 and "[trailing]" in r.stderr
+    r = subprocess.run([_cli(), "inspect", str(bad), "--json"], capture_output=True, text=True)
+    assert r.returncode != 0 and json.loads(r.stdout)["valid"] is False
+    r = subprocess.run([_cli(), "inspect", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "usage" in r.stdout
