@@ -1,18 +1,25 @@
 /* GEMM through CBLAS (OpenBLAS), made deterministic. A multi-threaded OpenBLAS call does
  * not give the same bits for 1 and 2 threads (it picks kernels and splits by thread count),
- * so OpenBLAS runs single-threaded and ctorch splits C itself: the larger of M and N is cut
- * into blocks whose size depends on the shape alone, each block is one single-threaded
- * sgemm over the whole K, and the pool's threads take the blocks. Every output element is
- * therefore computed by the same call with the same operands for any thread count. */
+ * so OpenBLAS runs single-threaded and ctorch cuts the product into blocks whose layout
+ * depends on the shape alone; the pool's threads take the blocks. Two layouts:
+ *   - C split into a grid of about GEMM_BLOCKS tiles (rows and columns cut in proportion
+ *     to M and N, so that re-packing the shared operand stays cheap), each tile one sgemm
+ *     over the whole K;
+ *   - when K dominates a small C (e.g. dh = G W in the fused loss: 130 x 1024, K = 128256),
+ *     K is cut into GEMM_BLOCKS slices, each slice's product goes to its own partial buffer,
+ *     and the partials are added in slice order. Splitting C there would re-pack the huge
+ *     operand once per tile.
+ * Every output element is computed by the same calls in the same order for any thread count. */
 #include "core/internal.h"
 #include "ctorch/ops.h"
 
 #include "ops/blas.h"
 #include <string.h>
 
-#define GEMM_BLOCK 256      /* rows of a bf16 operand converted at a time */
-#define GEMM_MIN_BLOCK 128  /* smallest block of C rows/columns given to one sgemm call */
-#define GEMM_MAX_BLOCKS 64  /* at most this many blocks per call */
+#define GEMM_BLOCK 256          /* rows of a bf16 operand converted at a time */
+#define GEMM_BLOCKS 8           /* blocks per product (enough for 8 threads) */
+#define GEMM_MIN_TILE 256       /* smallest tile side worth a split */
+#define GEMM_KSPLIT_MAX_C (1 << 20) /* K-split only for C of at most this many elements */
 
 typedef struct {
     bool ta, tb;
@@ -25,32 +32,51 @@ typedef struct {
     float beta;
     float *C;
     int64_t ldc;
-    int64_t block;
-    bool split_m;
+    int64_t nbm, nbn;   /* tile grid (C split) */
+    int64_t nbk;        /* K slices (K split); 0 for a C split */
+    float *partial;     /* nbk x M x N (K split) */
     ct_sgemm_fn sgemm;
 } gemm_job;
+
+static int64_t cut(int64_t n, int64_t parts, int64_t i)
+{
+    return n * i / parts;
+}
 
 static void gemm_blocks(void *arg, int64_t b0, int64_t b1, int tid)
 {
     const gemm_job *j = arg;
     for (int64_t b = b0; b < b1; b++) {
-        int64_t s = b * j->block, e = s + j->block;
         const float *A = j->A, *B = j->B;
-        float *C = j->C;
-        int64_t M = j->M, N = j->N;
-        if (j->split_m) {
-            if (e > M) e = M;
-            M = e - s;
-            A += j->ta ? s : s * j->lda;
-            C += s * j->ldc;
-        } else {
-            if (e > N) e = N;
-            N = e - s;
-            B += j->tb ? s * j->ldb : s;
-            C += s;
+        if (j->nbk) { /* K slice b into its partial buffer (dense M x N) */
+            int64_t k0 = cut(j->K, j->nbk, b), k1 = cut(j->K, j->nbk, b + 1);
+            A += j->ta ? k0 * j->lda : k0;
+            B += j->tb ? k0 : k0 * j->ldb;
+            j->sgemm(j->ta, j->tb, (int)j->M, (int)j->N, (int)(k1 - k0), j->alpha, A, (int)j->lda, B,
+                     (int)j->ldb, 0.0f, j->partial + b * j->M * j->N, (int)j->N);
+            continue;
         }
-        j->sgemm(j->ta, j->tb, (int)M, (int)N, (int)j->K, j->alpha, A, (int)j->lda, B, (int)j->ldb, j->beta, C,
-                 (int)j->ldc);
+        int64_t bi = b / j->nbn, bj = b % j->nbn;
+        int64_t m0 = cut(j->M, j->nbm, bi), m1 = cut(j->M, j->nbm, bi + 1);
+        int64_t n0 = cut(j->N, j->nbn, bj), n1 = cut(j->N, j->nbn, bj + 1);
+        A += j->ta ? m0 : m0 * j->lda;
+        B += j->tb ? n0 * j->ldb : n0;
+        j->sgemm(j->ta, j->tb, (int)(m1 - m0), (int)(n1 - n0), (int)j->K, j->alpha, A, (int)j->lda, B,
+                 (int)j->ldb, j->beta, j->C + m0 * j->ldc + n0, (int)j->ldc);
+    }
+}
+
+/* C = beta C + sum of the partials in slice order; threads own rows. */
+static void gemm_sum(void *arg, int64_t r0, int64_t r1, int tid)
+{
+    const gemm_job *j = arg;
+    for (int64_t r = r0; r < r1; r++) {
+        float *c = j->C + r * j->ldc;
+        for (int64_t x = 0; x < j->N; x++) {
+            float acc = j->partial[r * j->N + x];
+            for (int64_t k = 1; k < j->nbk; k++) acc += j->partial[(k * j->M + r) * j->N + x];
+            c[x] = j->beta == 0.0f ? acc : j->beta * c[x] + acc;
+        }
     }
 }
 
@@ -83,14 +109,25 @@ ct_status ct_gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
     }
     if (lda > INT32_MAX || ldb > INT32_MAX || ldc > INT32_MAX)
         return ct_error(CT_EINVAL, "ct_gemm_f32: leading dimensions must fit in 32 bits for CBLAS");
-    gemm_job j = {trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 0, false, NULL};
+    gemm_job j = {trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 1, 0, NULL, NULL};
     CT_TRY(ct_blas_sgemm(&j.sgemm));
-    int64_t big = M >= N ? M : N;
-    j.split_m = M >= N;
-    j.block = big <= GEMM_MIN_BLOCK ? big : (big + GEMM_MAX_BLOCKS - 1) / GEMM_MAX_BLOCKS;
-    if (j.block < GEMM_MIN_BLOCK) j.block = GEMM_MIN_BLOCK;
-    if (j.block > big) j.block = big;
-    ct_parallel_for((big + j.block - 1) / j.block, gemm_blocks, &j);
+    int64_t big = M > N ? M : N;
+    if (K >= 4 * big && K >= GEMM_BLOCKS * GEMM_MIN_TILE && M * N <= GEMM_KSPLIT_MAX_C) {
+        j.nbk = GEMM_BLOCKS;
+        CT_TRY(ct_alloc((void **)&j.partial, (size_t)(j.nbk * M * N) * sizeof(float)));
+        ct_parallel_for(j.nbk, gemm_blocks, &j);
+        ct_parallel_for(M, gemm_sum, &j);
+        ct_free(j.partial);
+        return CT_OK;
+    }
+    while (j.nbm * j.nbn < GEMM_BLOCKS) {
+        int64_t bm = M / j.nbm, bn = N / j.nbn;
+        if (bm >= bn && bm >= 2 * GEMM_MIN_TILE) j.nbm *= 2;
+        else if (bn >= 2 * GEMM_MIN_TILE) j.nbn *= 2;
+        else if (bm >= 2 * GEMM_MIN_TILE) j.nbm *= 2;
+        else break;
+    }
+    ct_parallel_for(j.nbm * j.nbn, gemm_blocks, &j);
     return CT_OK;
 }
 
