@@ -12,6 +12,7 @@ static const struct {
 } benches[] = {
     {"gemm", bench_gemm, "sgemm / bf16 GEMM rate vs PyTorch torch.matmul on the same shape"},
     {"io", bench_io, "safetensors open / read / bf16->f32 / save vs read(), memcpy, write()"},
+    {"comm", bench_comm, "all_reduce / all_gather / reduce_scatter bus bandwidth and latency vs MPICH"},
     {"lce", bench_lce, "fused linear cross-entropy vs unfused (ctorch and PyTorch), fwd+bwd"},
     {"flex", bench_flex, "FlexAttention sliding window / causal vs dense SDPA, block-mask cost"},
 };

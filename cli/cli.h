@@ -13,6 +13,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_version(int argc, char **argv);
 int cmd_telemetry(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
+int cmd_launch(int argc, char **argv);
 
 /* Print "ctorch: <what>: <status>: <last error>" to stderr and return exit status 1. */
 int cli_fail(const char *what, ct_status s);

@@ -11,6 +11,7 @@ static const struct {
 } commands[] = {
     {"bench", cmd_bench, "run a benchmark (gemm, lce, ...) against its baseline"},
     {"inspect", cmd_inspect, "validate a tensor file and list its tensors and metadata (--json)"},
+    {"launch", cmd_launch, "start N local ranks of a program (store, output prefixes, failure report)"},
     {"telemetry", cmd_telemetry, "memory, CPU utilisation and clocks, temperature, power (--json, --watch)"},
     {"version", cmd_version, "print the version and the instruction set in use"},
 };

@@ -23,5 +23,6 @@
 #include "ctorch/telemetry.h"
 #include "ctorch/attention.h"
 #include "ctorch/io.h"
+#include "ctorch/comm.h"
 
 #endif

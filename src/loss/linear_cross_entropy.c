@@ -2,7 +2,8 @@
  * Fused linear + cross-entropy. Tokens are processed in chunks of nc rows; each chunk's
  * logits are computed into a tile L[nc, vc] of the scratch budget:
  *   - when vc == V (full rows fit), forward_backward needs three GEMMs: L = h W^T, then
- *     L is overwritten by its gradient G, dh = G W and dW += G^T h;
+ *     each row of L is turned into its gradient G in one visit (statistics, loss and
+ *     gradient while the row is in cache), dh = G W and dW += G^T h;
  *   - otherwise a first pass over the vocabulary tiles gathers each row's online
  *     logsumexp, and a second pass recomputes each tile and turns it into gradients.
  * bf16 operands are converted to f32 in blocks (h per chunk, W per block of wsub rows),
@@ -34,7 +35,6 @@ typedef struct lce {
     const float *lse;   /* lse for the rows of the current chunk */
     const float *dloss;
     float *dbias;
-    bool prep;
 } lce;
 
 static ct_status lce_check(const char *fn, const ct_lce_inputs *in)
@@ -153,8 +153,25 @@ static void rows_grad(void *arg, int64_t r0, int64_t r1, int tid)
     for (int64_t r = r0; r < r1; r++) {
         float *z = c->L + r * c->vc;
         int64_t n = c->n0 + r, y = ce_target(&c->p, n);
-        if (c->prep) ce_row_prep(&c->p, z, c->v0, c->cur_vc);
+        ce_row_prep(&c->p, z, c->v0, c->cur_vc);
         ce_row_grad(&c->p, z, c->v0, c->cur_vc, y, c->lse[r], ce_row_scale(&c->p, c->dloss, n));
+    }
+}
+
+/* Full-vocabulary rows: prepare, statistics, loss and gradient of each row in one visit,
+ * while the row (V floats) is still in cache, instead of one sweep of L per step. */
+static void rows_full(void *arg, int64_t r0, int64_t r1, int tid)
+{
+    lce *c = arg;
+    int64_t V = c->p.V;
+    for (int64_t r = r0; r < r1; r++) {
+        float *z = c->L + r * c->vc;
+        int64_t n = c->n0 + r, y = ce_target(&c->p, n);
+        ce_row_prep(&c->p, z, 0, V);
+        ce_row_begin(&c->rows[r]);
+        ce_row_stats(&c->p, &c->rows[r], z, 0, V, y);
+        ce_row_finish(&c->p, &c->rows[r], y, &c->lse_c[r], &c->loss_c[r], &c->z_c[r]);
+        ce_row_grad(&c->p, z, 0, V, y, c->lse_c[r], ce_row_scale(&c->p, c->dloss, n));
     }
 }
 
@@ -187,10 +204,10 @@ static ct_status chunk_forward(lce *c, const float *hc, int64_t n0, int64_t nc)
     return CT_OK;
 }
 
-/* Pass B: gradients of a chunk. With reuse, L already holds the prepared logits of the
- * single full-vocabulary tile. */
+/* Pass B: gradients of a chunk. With ready, L already holds the gradient of the single
+ * full-vocabulary tile (rows_full did it); otherwise each tile is recomputed. */
 static ct_status chunk_backward(lce *c, const ct_lce_grads *g, const float *hc, int64_t n0, int64_t nc,
-                                const float *lse, const float *dloss, bool reuse)
+                                const float *lse, const float *dloss, bool ready)
 {
     int64_t D = c->in->D;
     c->n0 = n0;
@@ -201,11 +218,12 @@ static ct_status chunk_backward(lce *c, const ct_lce_grads *g, const float *hc, 
     float *dh = g->dh ? g->dh + n0 * D : NULL;
     for (int64_t v0 = 0; v0 < c->p.V; v0 += c->vc) {
         int64_t vc = c->p.V - v0 < c->vc ? c->p.V - v0 : c->vc;
-        if (!reuse) CT_TRY(tile_logits(c, hc, nc, v0, vc));
         c->v0 = v0;
         c->cur_vc = vc;
-        c->prep = !reuse;
-        ct_parallel_for(nc, rows_grad, c);
+        if (!ready) {
+            CT_TRY(tile_logits(c, hc, nc, v0, vc));
+            ct_parallel_for(nc, rows_grad, c);
+        }
         if (g->dbias) ct_parallel_for(vc, cols_bias, c);
         int64_t step = c->bf16 ? c->wsub : vc;
         for (int64_t s0 = v0; s0 < v0 + vc; s0 += step) {
@@ -317,10 +335,19 @@ ct_status ct_linear_cross_entropy_forward_backward(const ct_ce_outputs *out, con
     for (int64_t n0 = 0; n0 < in->N && s == CT_OK; n0 += c.nc) {
         int64_t nc = in->N - n0 < c.nc ? in->N - n0 : c.nc;
         const float *hc = chunk_h(&c, n0, nc);
-        s = chunk_forward(&c, hc, n0, nc);
+        bool full = c.vc == in->V;
+        if (full) { /* three GEMMs: logits, then dh and dW from the gradient left in L */
+            s = tile_logits(&c, hc, nc, 0, in->V);
+            c.n0 = n0;
+            c.cur_nc = nc;
+            c.dloss = dloss;
+            if (s == CT_OK) ct_parallel_for(nc, rows_full, &c);
+        } else {
+            s = chunk_forward(&c, hc, n0, nc);
+        }
         if (s != CT_OK) break;
         chunk_outputs(&c, out, n0, nc, &ls, &zs);
-        s = chunk_backward(&c, grads, hc, n0, nc, c.lse_c, dloss, c.vc == in->V);
+        s = chunk_backward(&c, grads, hc, n0, nc, c.lse_c, dloss, full);
     }
     if (s == CT_OK) final_outputs(&c, out, ls, zs);
     ct_free(c.scratch);

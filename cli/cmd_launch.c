@@ -1,0 +1,467 @@
+/* ctorch launch: start N local ranks of a program with the environment torchrun sets,
+ * serve their rendezvous store, stream their output with rank prefixes, and report which
+ * rank failed and how. Without --elastic the first failure ends the others (SIGTERM, then
+ * SIGKILL after a grace period); with it the survivors keep going. */
+#include "cli.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct stream {
+    int fd;
+    FILE *out;
+    char buf[8192];
+    size_t len;
+} stream;
+
+typedef struct rank_proc {
+    pid_t pid;
+    int running;
+    int status;     /* from waitpid */
+    int terminated; /* ended by the launcher */
+    double t_end;
+    stream s[2];
+} rank_proc;
+
+static volatile sig_atomic_t g_signal;
+static int g_json;
+
+static void on_signal(int sig)
+{
+    g_signal = sig;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* A launcher event: text or one JSON object per line on stderr (CT_COMM_LOG=json). */
+static void event(const char *name, const char *json_fields, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void event(const char *name, const char *json_fields, const char *fmt, ...)
+{
+    char text[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    if (g_json) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        json_t *j = json_loads(json_fields && *json_fields ? json_fields : "{}", 0, NULL);
+        if (!j) j = json_object();
+        json_object_set_new(j, "ts", json_real((double)ts.tv_sec + ts.tv_nsec * 1e-9));
+        json_object_set_new(j, "component", json_string("launch"));
+        json_object_set_new(j, "event", json_string(name));
+        json_object_set_new(j, "msg", json_string(text));
+        char *s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15));
+        if (s) fprintf(stderr, "%s\n", s);
+        free(s);
+        json_decref(j);
+    } else {
+        fprintf(stderr, "ctorch launch: %s\n", text);
+    }
+    fflush(stderr);
+}
+
+static void emit(stream *s, int rank, int prefix, const char *line, size_t n)
+{
+    if (prefix) fprintf(s->out, "[rank%d]: ", rank);
+    fwrite(line, 1, n, s->out);
+    fputc('\n', s->out);
+    fflush(s->out);
+}
+
+/* Read what a rank wrote; print whole lines. Returns 0 at end of file. */
+static int pump(stream *s, int rank, int prefix)
+{
+    ssize_t r = read(s->fd, s->buf + s->len, sizeof s->buf - s->len);
+    if (r < 0) return errno == EINTR || errno == EAGAIN ? 1 : 0;
+    if (r == 0) {
+        if (s->len) emit(s, rank, prefix, s->buf, s->len);
+        s->len = 0;
+        return 0;
+    }
+    s->len += (size_t)r;
+    size_t start = 0;
+    for (size_t i = 0; i < s->len; i++) {
+        if (s->buf[i] != '\n') continue;
+        emit(s, rank, prefix, s->buf + start, i - start);
+        start = i + 1;
+    }
+    memmove(s->buf, s->buf + start, s->len - start);
+    s->len -= start;
+    if (s->len == sizeof s->buf) { /* a very long line: print it in pieces */
+        emit(s, rank, prefix, s->buf, s->len);
+        s->len = 0;
+    }
+    return 1;
+}
+
+static void describe_status(int st, char *buf, size_t cap)
+{
+    if (WIFEXITED(st))
+        snprintf(buf, cap, "exited with status %d", WEXITSTATUS(st));
+    else if (WIFSIGNALED(st))
+        snprintf(buf, cap, "was killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
+    else
+        snprintf(buf, cap, "ended with wait status %d", st);
+}
+
+static int exit_code(int st)
+{
+    return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : 1;
+}
+
+static void launch_usage(FILE *f)
+{
+    fputs("usage: ctorch launch --nproc N [--timeout S] [--elastic] [--grace S] [--max-time S]\n"
+          "                     [--master-addr A] [--master-port P] [--fr-dump-dir DIR]\n"
+          "                     [--log text|json] [--no-prefix] -- PROGRAM [ARGS...]\n\n"
+          "Starts N ranks of PROGRAM on this host with RANK, LOCAL_RANK, WORLD_SIZE,\n"
+          "LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and CT_STORE_HOSTED=1 set (the launcher\n"
+          "serves the store), prefixes their output with [rankK]:, and reports how each failed.\n"
+          "  --timeout S      communicator timeout of the ranks (sets CT_COMM_TIMEOUT)\n"
+          "  --elastic        keep the other ranks running when one fails; exit 0 when every\n"
+          "                   rank that exited did so with 0 (ranks killed by a signal are\n"
+          "                   reported and tolerated)\n"
+          "  --grace S        after a failure, seconds between SIGTERM and SIGKILL (default 5)\n"
+          "  --max-time S     end the whole job after S seconds (default: no limit)\n"
+          "  --master-port P  store port (default 0: a free port)\n"
+          "  --fr-dump-dir D  ranks dump their flight recorders there on failure (sets\n"
+          "                   CT_COMM_FR_DUMP_DIR); the launcher summarises them\n"
+          "  --log json       launcher events as JSON lines (also CT_COMM_LOG=json)\n",
+          f);
+}
+
+static int is_dump(const struct dirent *d)
+{
+    size_t n = strlen(d->d_name);
+    return !strncmp(d->d_name, "ctorch_fr_", 10) && n > 15 && !strcmp(d->d_name + n - 5, ".json") &&
+           strstr(d->d_name, "_rank") != NULL;
+}
+
+/* One line per flight-recorder dump the ranks wrote: who stopped at which sequence number. */
+static void summarise_dumps(const char *dir)
+{
+    struct dirent **names = NULL;
+    int n = scandir(dir, &names, is_dump, alphasort);
+    for (int i = 0; i < n; i++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]->d_name);
+        free(names[i]);
+        json_error_t err;
+        json_t *j = json_load_file(path, 0, &err);
+        if (!j) continue;
+        json_int_t r = json_integer_value(json_object_get(j, "rank"));
+        json_int_t enq = json_integer_value(json_object_get(j, "last_enqueued_seq"));
+        json_int_t sta = json_integer_value(json_object_get(j, "last_started_seq"));
+        json_int_t com = json_integer_value(json_object_get(j, "last_completed_seq"));
+        const char *why = json_string_value(json_object_get(j, "reason"));
+        const char *comm = json_string_value(json_object_get(j, "comm"));
+        char stuck[600] = "";
+        json_t *es = json_object_get(j, "entries");
+        for (size_t k = json_array_size(es); k-- > 0;) {
+            json_t *e = json_array_get(es, k);
+            const char *st = json_string_value(json_object_get(e, "state"));
+            if (!st || !strcmp(st, "completed")) continue;
+            char miss[200] = "";
+            json_t *m = json_object_get(e, "missing_ranks");
+            size_t len = 0;
+            for (size_t q = 0; q < json_array_size(m) && len + 12 < sizeof miss; q++)
+                len += (size_t)snprintf(miss + len, sizeof miss - len, "%s%lld", q ? "," : "",
+                                        (long long)json_integer_value(json_array_get(m, q)));
+            snprintf(stuck, sizeof stuck, "; %s seq %lld %s%s%s%s",
+                     json_string_value(json_object_get(e, "op")),
+                     (long long)json_integer_value(json_object_get(e, "seq")), st,
+                     miss[0] ? " (missing ranks " : "", miss, miss[0] ? ")" : "");
+            break;
+        }
+        char fields[512];
+        snprintf(
+            fields, sizeof fields,
+            "{\"comm\":\"%s\",\"rank\":%lld,\"last_enqueued_seq\":%lld,\"last_started_seq\":%lld,"
+            "\"last_completed_seq\":%lld}",
+            comm ? comm : "?", (long long)r, (long long)enq, (long long)sta, (long long)com);
+        event("flight_recorder", fields,
+              "%s rank %lld (%s): last enqueued / started / completed seq %lld / %lld / %lld%s",
+              comm ? comm : "?", (long long)r, why ? why : "?", (long long)enq, (long long)sta,
+              (long long)com, stuck);
+        json_decref(j);
+    }
+    free(names);
+    if (n > 0) event("flight_recorder", NULL, "%d flight-recorder dumps in %s", n, dir);
+}
+
+int cmd_launch(int argc, char **argv)
+{
+    long long nproc = 0, port = 0;
+    double timeout = 0, grace = 5, max_time = 0;
+    int elastic = 0, prefix = 1;
+    const char *addr = "127.0.0.1", *frdir = NULL, *logmode = getenv("CT_COMM_LOG");
+    int i = 1;
+    for (; i < argc; i++) {
+        const char *v;
+        if (!strcmp(argv[i], "--")) {
+            i++;
+            break;
+        }
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            launch_usage(stdout);
+            return 0;
+        }
+        if (cli_opt(argc, argv, &i, "--nproc", &v)) {
+            if (!cli_int("--nproc", v, 1, 1024, &nproc)) return 2;
+        } else if (cli_opt(argc, argv, &i, "--timeout", &v)) {
+            if (!cli_float("--timeout", v, &timeout) || !(timeout > 0)) return 2;
+        } else if (cli_opt(argc, argv, &i, "--grace", &v)) {
+            if (!cli_float("--grace", v, &grace) || grace < 0) return 2;
+        } else if (cli_opt(argc, argv, &i, "--max-time", &v)) {
+            if (!cli_float("--max-time", v, &max_time) || !(max_time > 0)) return 2;
+        } else if (cli_opt(argc, argv, &i, "--master-addr", &v)) {
+            addr = v;
+        } else if (cli_opt(argc, argv, &i, "--master-port", &v)) {
+            if (!cli_int("--master-port", v, 0, 65535, &port)) return 2;
+        } else if (cli_opt(argc, argv, &i, "--fr-dump-dir", &v)) {
+            frdir = v;
+        } else if (cli_opt(argc, argv, &i, "--log", &v)) {
+            logmode = v;
+        } else if (!strcmp(argv[i], "--elastic")) {
+            elastic = 1;
+        } else if (!strcmp(argv[i], "--no-prefix")) {
+            prefix = 0;
+        } else if (argv[i][0] == '-') {
+            fprintf(stderr, "ctorch launch: unknown option '%s'\n", argv[i]);
+            launch_usage(stderr);
+            return 2;
+        } else {
+            break;
+        }
+    }
+    g_json = logmode && !strcmp(logmode, "json");
+    if (nproc < 1 || i >= argc) {
+        fprintf(stderr, "ctorch launch: need --nproc N and a program to run\n");
+        launch_usage(stderr);
+        return 2;
+    }
+    char **prog = argv + i;
+    ct_store_server *srv;
+    ct_status st = ct_store_server_start(addr, (int)port, &srv);
+    if (st) return cli_fail("launch: cannot serve the store", st);
+    int sport = ct_store_server_port(srv);
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    rank_proc *rp = calloc((size_t)nproc, sizeof *rp);
+    if (!rp) return cli_fail("launch", CT_ENOMEM);
+    double t0 = now_s();
+    char fields[512];
+    snprintf(fields, sizeof fields,
+             "{\"nproc\":%lld,\"master_addr\":\"%s\",\"master_port\":%d,\"elastic\":%s}", nproc,
+             addr, sport, elastic ? "true" : "false");
+    event("start", fields, "starting %lld ranks of %s (store %s:%d%s)", nproc, prog[0], addr, sport,
+          elastic ? ", elastic" : "");
+    int failed_code = 0, first_failed = -1, running = 0, fatal = 0;
+    for (int r = 0; r < nproc; r++) {
+        int po[2], pe[2];
+        if (pipe2(po, O_CLOEXEC) || pipe2(pe, O_CLOEXEC)) {
+            fprintf(stderr, "ctorch launch: pipe: %s\n", strerror(errno));
+            fatal = 1;
+            break;
+        }
+        fflush(stdout);
+        fflush(stderr);
+        pid_t pid = fork();
+        if (pid < 0) {
+            fprintf(stderr, "ctorch launch: fork: %s\n", strerror(errno));
+            close(po[0]);
+            close(po[1]);
+            close(pe[0]);
+            close(pe[1]);
+            fatal = 1;
+            break;
+        }
+        if (pid == 0) {
+            setpgid(0, 0);
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            signal(SIGINT, SIG_DFL);
+            signal(SIGTERM, SIG_DFL);
+            signal(SIGPIPE, SIG_DFL);
+            dup2(po[1], 1);
+            dup2(pe[1], 2);
+            char b[64];
+            snprintf(b, sizeof b, "%d", r);
+            setenv("RANK", b, 1);
+            setenv("LOCAL_RANK", b, 1);
+            setenv("GROUP_RANK", "0", 1);
+            snprintf(b, sizeof b, "%lld", nproc);
+            setenv("WORLD_SIZE", b, 1);
+            setenv("LOCAL_WORLD_SIZE", b, 1);
+            setenv("MASTER_ADDR", addr, 1);
+            snprintf(b, sizeof b, "%d", sport);
+            setenv("MASTER_PORT", b, 1);
+            setenv("CT_STORE_HOSTED", "1", 1);
+            if (timeout > 0) {
+                snprintf(b, sizeof b, "%g", timeout);
+                setenv("CT_COMM_TIMEOUT", b, 1);
+            }
+            if (frdir) setenv("CT_COMM_FR_DUMP_DIR", frdir, 1);
+            execvp(prog[0], prog);
+            fprintf(stderr, "ctorch launch: cannot run %s: %s\n", prog[0], strerror(errno));
+            _exit(127);
+        }
+        close(po[1]);
+        close(pe[1]);
+        rp[r].pid = pid;
+        rp[r].running = 1;
+        rp[r].s[0] = (stream){po[0], stdout, {0}, 0};
+        rp[r].s[1] = (stream){pe[0], stderr, {0}, 0};
+        running++;
+    }
+    double kill_at = 0;
+    int terminating = fatal;
+    if (fatal) {
+        for (int r = 0; r < nproc; r++)
+            if (rp[r].running) kill(-rp[r].pid, SIGTERM);
+        kill_at = now_s() + grace;
+        failed_code = 1;
+    }
+    struct pollfd *pf = calloc((size_t)nproc * 2, sizeof *pf);
+    int *who = calloc((size_t)nproc * 2, sizeof *who);
+    for (;;) {
+        int nf = 0;
+        for (int r = 0; r < nproc; r++)
+            for (int k = 0; k < 2; k++)
+                if (rp[r].s[k].fd >= 0 && rp[r].pid) {
+                    pf[nf] = (struct pollfd){rp[r].s[k].fd, POLLIN, 0};
+                    who[nf++] = r * 2 + k;
+                }
+        if (nf == 0 && running == 0) break;
+        poll(pf, (nfds_t)nf, 20);
+        for (int k = 0; k < nf; k++) {
+            if (!pf[k].revents) continue;
+            stream *s = &rp[who[k] / 2].s[who[k] % 2];
+            if (!pump(s, who[k] / 2, prefix)) {
+                close(s->fd);
+                s->fd = -1;
+            }
+        }
+        pid_t pid;
+        int ws;
+        while ((pid = waitpid(-1, &ws, WNOHANG)) > 0) {
+            int r = 0;
+            while (r < nproc && rp[r].pid != pid)
+                r++;
+            if (r == nproc || !rp[r].running) continue;
+            rp[r].running = 0;
+            rp[r].status = ws;
+            rp[r].t_end = now_s() - t0;
+            running--;
+            char how[160];
+            describe_status(ws, how, sizeof how);
+            int ok = WIFEXITED(ws) && WEXITSTATUS(ws) == 0;
+            snprintf(fields, sizeof fields,
+                     "{\"rank\":%d,\"pid\":%d,\"exit_code\":%d,\"seconds\":%.3f}", r, (int)pid,
+                     exit_code(ws), rp[r].t_end);
+            if (ok) {
+                event("rank_exit", fields, "rank %d (pid %d) exited with status 0 after %.2f s", r,
+                      (int)pid, rp[r].t_end);
+                continue;
+            }
+            if (rp[r].terminated) {
+                event("rank_ended", fields,
+                      "rank %d (pid %d) %s after %.2f s (ended by the launcher)", r, (int)pid, how,
+                      rp[r].t_end);
+                continue;
+            }
+            event("rank_failed", fields, "rank %d (pid %d) %s after %.2f s", r, (int)pid, how,
+                  rp[r].t_end);
+            int tolerated = elastic && WIFSIGNALED(ws);
+            if (first_failed < 0 && !tolerated) {
+                first_failed = r;
+                failed_code = exit_code(ws);
+            }
+            if (!elastic && !terminating) {
+                terminating = 1;
+                kill_at = now_s() + grace;
+                int others = 0;
+                for (int q = 0; q < nproc; q++)
+                    if (rp[q].running) {
+                        rp[q].terminated = 1;
+                        kill(-rp[q].pid, SIGTERM);
+                        others++;
+                    }
+                if (others)
+                    event("terminate", NULL,
+                          "rank %d failed: ending the %d other running ranks (SIGTERM, SIGKILL "
+                          "after %g s)",
+                          r, others, grace);
+            }
+        }
+        if (g_signal && !terminating) {
+            terminating = 1;
+            kill_at = now_s() + grace;
+            event("signal", NULL, "got signal %d: ending the ranks", (int)g_signal);
+            for (int q = 0; q < nproc; q++)
+                if (rp[q].running) {
+                    rp[q].terminated = 1;
+                    kill(-rp[q].pid, SIGTERM);
+                }
+            if (!failed_code) failed_code = 128 + (int)g_signal;
+        }
+        if (max_time > 0 && !terminating && now_s() - t0 > max_time) {
+            terminating = 1;
+            kill_at = now_s() + grace;
+            event("max_time", NULL, "the job ran past --max-time %g s: ending the ranks", max_time);
+            for (int q = 0; q < nproc; q++)
+                if (rp[q].running) {
+                    rp[q].terminated = 1;
+                    kill(-rp[q].pid, SIGTERM);
+                }
+            if (!failed_code) failed_code = 124;
+        }
+        if (terminating && kill_at > 0 && now_s() > kill_at) {
+            for (int q = 0; q < nproc; q++)
+                if (rp[q].running) kill(-rp[q].pid, SIGKILL);
+            kill_at = 0;
+        }
+    }
+    free(pf);
+    free(who);
+    int ok_ranks = 0;
+    for (int r = 0; r < nproc; r++)
+        ok_ranks += rp[r].pid && WIFEXITED(rp[r].status) && WEXITSTATUS(rp[r].status) == 0;
+    if (elastic && ok_ranks == 0 && !failed_code) failed_code = 1;
+    if (frdir) summarise_dumps(frdir);
+    snprintf(fields, sizeof fields,
+             "{\"exit_code\":%d,\"ranks_ok\":%d,\"nproc\":%lld,\"seconds\":%.3f}", failed_code,
+             ok_ranks, nproc, now_s() - t0);
+    if (failed_code)
+        event("end", fields, "%d of %lld ranks succeeded; exit status %d%s", ok_ranks, nproc,
+              failed_code, first_failed >= 0 ? " (from the first rank that failed)" : "");
+    else
+        event("end", fields, "%d of %lld ranks succeeded in %.2f s", ok_ranks, nproc, now_s() - t0);
+    free(rp);
+    ct_store_server_free(srv);
+    return failed_code;
+}
