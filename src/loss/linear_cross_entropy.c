@@ -11,6 +11,7 @@
  * in sequence, OpenBLAS never splits K), so results are the same bits for any thread count.
  */
 #include "loss/ce_core.h"
+#include "ops/gemm.h"
 #include "ops/vecmath.h"
 #include "ctorch/ops.h"
 
@@ -50,8 +51,60 @@ static ct_status lce_check(const char *fn, const ct_lce_inputs *in)
     return CT_OK;
 }
 
-/* Choose the tiling and allocate the scratch: nc * (vc + per-row state) floats, plus a
- * [wsub, D] block for bf16 weights, all within opt->scratch_bytes. */
+typedef struct {
+    int64_t nc, vc, wsub;
+} lce_tiling;
+
+static size_t tiling_bytes(const lce_tiling *t, int64_t D, bool bf16)
+{
+    size_t floats = (size_t)t->nc * (size_t)t->vc + (bf16 ? (size_t)t->nc * D + (size_t)t->wsub * D : 0) +
+                    3 * (size_t)t->nc;
+    return floats * 4 + (size_t)t->nc * sizeof(ce_row);
+}
+
+/* Scratch the three GEMMs of a chunk may take themselves (ops/gemm.h). */
+static size_t tiling_gemm_bytes(const lce_tiling *t, int64_t D, bool bf16)
+{
+    int64_t step = bf16 ? t->wsub : t->vc;
+    size_t a = ct_gemm_scratch_bytes(t->nc, step, D), b = ct_gemm_scratch_bytes(t->nc, D, step);
+    size_t d = ct_gemm_scratch_bytes(step, D, t->nc);
+    return a > b ? (a > d ? a : d) : (b > d ? b : d);
+}
+
+/* Tiles for a budget, reserving `extra` bytes per token row: full-vocabulary rows when at
+ * least 16 (or N) of them fit, else 32 rows and as many vocabulary columns as fit. */
+static bool tiling_for(lce_tiling *t, int64_t N, int64_t D, int64_t V, bool bf16, size_t budget, size_t extra)
+{
+    int64_t wsub = 0; /* bf16 weight rows converted at a time: 256, or less (a quarter of the budget) */
+    if (bf16) {
+        int64_t cap = D ? (int64_t)(budget / (16 * (size_t)D)) : 256;
+        wsub = V < 256 ? V : 256;
+        if (wsub > cap) wsub = cap < 8 ? 8 : cap;
+        if (wsub > V) wsub = V;
+    }
+    size_t wbytes = (size_t)wsub * (size_t)D * 4;
+    size_t per_row = (bf16 ? (size_t)D * 4 : 0) + sizeof(ce_row) + 3 * 4 + extra;
+    int64_t nmin = N < 16 ? N : 16, nc = 0, vc = 0;
+    if (budget > wbytes) nc = (int64_t)((budget - wbytes) / ((size_t)V * 4 + per_row));
+    if (nc >= nmin) {
+        vc = V;
+        if (nc > N) nc = N;
+    } else {
+        nc = N < 32 ? N : 32;
+        size_t fixed = wbytes + (size_t)nc * per_row;
+        vc = budget > fixed ? (int64_t)((budget - fixed) / ((size_t)nc * 4)) : 0;
+        if (vc < 8) return false;
+        if (vc > V) vc = V;
+        if (wsub > vc) wsub = vc;
+    }
+    t->nc = nc;
+    t->vc = vc;
+    t->wsub = wsub;
+    return true;
+}
+
+/* Choose the tiling and allocate the scratch: tiles, row state, the bf16 conversion blocks,
+ * and room for the GEMMs' own partial sums, all within opt->scratch_bytes. */
 static ct_status lce_setup(lce *c, const char *fn, const ct_lce_inputs *in, const ct_ce_options *o)
 {
     memset(c, 0, sizeof *c);
@@ -63,46 +116,31 @@ static ct_status lce_setup(lce *c, const char *fn, const ct_lce_inputs *in, cons
     int64_t N = in->N, D = in->D, V = in->V;
     if (N == 0) return CT_OK;
     size_t budget = o->scratch_bytes ? o->scratch_bytes : ((size_t)64 << 20);
-    int64_t wsub = 0; /* bf16 weight rows converted at a time: 256, or less to keep a quarter of the budget */
-    if (c->bf16) {
-        int64_t cap = D ? (int64_t)(budget / (16 * (size_t)D)) : 256;
-        wsub = V < 256 ? V : 256;
-        if (wsub > cap) wsub = cap < 8 ? 8 : cap;
-        if (wsub > V) wsub = V;
+    lce_tiling t;
+    bool ok = false;
+    /* First reserve the dh GEMM's partial sums per row; small budgets (small tiles, where
+     * no GEMM splits K) go without the reservation. */
+    for (int pass = 0; pass < 2 && !ok; pass++)
+        ok = tiling_for(&t, N, D, V, c->bf16, budget, pass ? 0 : CT_GEMM_SCRATCH_PER_ROW(D)) &&
+             tiling_bytes(&t, D, c->bf16) + tiling_gemm_bytes(&t, D, c->bf16) <= budget;
+    if (!ok) {
+        lce_tiling m = {N < 32 ? N : 32, V < 8 ? V : 8, c->bf16 ? (V < 8 ? V : 8) : 0};
+        return ct_error(CT_EINVAL, "%s: scratch_bytes = %zu is too small for D = %lld; give at least %zu", fn,
+                        budget, (long long)D, tiling_bytes(&m, D, c->bf16) + tiling_gemm_bytes(&m, D, c->bf16));
     }
-    size_t wbytes = (size_t)wsub * (size_t)D * 4;
-    size_t per_row = (c->bf16 ? (size_t)D * 4 : 0) + sizeof(ce_row) + 3 * 4;
-    int64_t nmin = N < 16 ? N : 16;
-    int64_t nc = 0, vc = 0;
-    if (budget > wbytes) nc = (int64_t)((budget - wbytes) / ((size_t)V * 4 + per_row));
-    if (nc >= nmin) {
-        vc = V;
-        if (nc > N) nc = N;
-    } else {
-        nc = N < 32 ? N : 32;
-        size_t fixed = wbytes + (size_t)nc * per_row;
-        vc = budget > fixed ? (int64_t)((budget - fixed) / ((size_t)nc * 4)) : 0;
-        if (vc < 8)
-            return ct_error(CT_EINVAL, "%s: scratch_bytes = %zu is too small for D = %lld; give at least %zu",
-                            fn, budget, (long long)D, fixed + (size_t)nc * 4 * 8);
-        if (vc > V) vc = V;
-        if (wsub > vc) wsub = vc;
-    }
-    c->nc = nc;
-    c->vc = vc;
-    c->wsub = wsub;
-    size_t floats = (size_t)nc * (size_t)vc + (c->bf16 ? (size_t)nc * D + (size_t)wsub * D : 0) + 3 * (size_t)nc;
-    size_t bytes = floats * 4 + (size_t)nc * sizeof(ce_row);
-    CT_TRY(ct_alloc((void **)&c->scratch, bytes));
+    c->nc = t.nc;
+    c->vc = t.vc;
+    c->wsub = t.wsub;
+    CT_TRY(ct_alloc((void **)&c->scratch, tiling_bytes(&t, D, c->bf16)));
     float *q = c->scratch;
-    c->L = q, q += (size_t)nc * vc;
+    c->L = q, q += (size_t)t.nc * t.vc;
     if (c->bf16) {
-        c->hbuf = q, q += (size_t)nc * D;
-        c->wbuf = q, q += (size_t)wsub * D;
+        c->hbuf = q, q += (size_t)t.nc * D;
+        c->wbuf = q, q += (size_t)t.wsub * D;
     }
-    c->lse_c = q, q += nc;
-    c->loss_c = q, q += nc;
-    c->z_c = q, q += nc;
+    c->lse_c = q, q += t.nc;
+    c->loss_c = q, q += t.nc;
+    c->z_c = q, q += t.nc;
     c->rows = (ce_row *)q;
     return CT_OK;
 }

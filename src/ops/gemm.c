@@ -14,6 +14,7 @@
 #include "ctorch/ops.h"
 
 #include "ops/blas.h"
+#include "ops/gemm.h"
 #include <string.h>
 
 #define GEMM_BLOCK 256          /* rows of a bf16 operand converted at a time */
@@ -80,6 +81,14 @@ static void gemm_sum(void *arg, int64_t r0, int64_t r1, int tid)
     }
 }
 
+size_t ct_gemm_scratch_bytes(int64_t M, int64_t N, int64_t K)
+{
+    int64_t big = M > N ? M : N;
+    if (K >= 4 * big && K >= GEMM_BLOCKS * GEMM_MIN_TILE && M * N <= GEMM_KSPLIT_MAX_C)
+        return (size_t)(GEMM_BLOCKS * M * N) * sizeof(float);
+    return 0;
+}
+
 static ct_status gemm_check(const char *fn, int64_t M, int64_t N, int64_t K, const void *A,
                             const void *B, const float *C)
 {
@@ -111,8 +120,7 @@ ct_status ct_gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
         return ct_error(CT_EINVAL, "ct_gemm_f32: leading dimensions must fit in 32 bits for CBLAS");
     gemm_job j = {trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 1, 0, NULL, NULL};
     CT_TRY(ct_blas_sgemm(&j.sgemm));
-    int64_t big = M > N ? M : N;
-    if (K >= 4 * big && K >= GEMM_BLOCKS * GEMM_MIN_TILE && M * N <= GEMM_KSPLIT_MAX_C) {
+    if (ct_gemm_scratch_bytes(M, N, K)) {
         j.nbk = GEMM_BLOCKS;
         CT_TRY(ct_alloc((void **)&j.partial, (size_t)(j.nbk * M * N) * sizeof(float)));
         ct_parallel_for(j.nbk, gemm_blocks, &j);

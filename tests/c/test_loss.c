@@ -346,21 +346,22 @@ static void test_determinism(void)
     drop(&p);
 }
 
-/* Peak tracked bytes of a call = its scratch budget at most; nothing N x V or V x D. */
-static void test_memory_bound(void)
+/* Peak tracked bytes of a call = its scratch budget at most; nothing N x V or V x D.
+ * Two shapes: vocabulary tiles, and full rows where the dh GEMM splits K (partial sums). */
+static void memory_case(int64_t N, int64_t D, int64_t V, size_t budget)
 {
-    prob p = make(512, 64, 5000, false);
-    p.o.scratch_bytes = 256 << 10;
-    float l, *dh = malloc(4 * 512 * 64), *dw = malloc(4 * 5000 * 64);
-    ct_lce_inputs in = {p.h, p.w, NULL, CT_DTYPE_F32, p.y, CT_DTYPE_I64, 512, 64, 5000};
+    prob p = make(N, D, V, false);
+    p.o.scratch_bytes = budget;
+    float l, *dh = malloc(4 * (size_t)(N * D)), *dw = malloc(4 * (size_t)(V * D));
+    ct_lce_inputs in = {p.h, p.w, NULL, CT_DTYPE_F32, p.y, CT_DTYPE_I64, N, D, V};
     ct_ce_outputs out = {&l, NULL, NULL};
     ct_lce_grads g = {dh, dw, NULL, false};
     ct_memory_stats_t a, b;
     for (int bf = 0; bf < 2; bf++) {
-        uint16_t *hb = malloc(2 * 512 * 64), *wb = malloc(2 * 5000 * 64);
+        uint16_t *hb = malloc(2 * (size_t)(N * D)), *wb = malloc(2 * (size_t)(V * D));
         if (bf) {
-            ct_convert_f32_to_bf16(hb, p.h, 512 * 64);
-            ct_convert_f32_to_bf16(wb, p.w, 5000 * 64);
+            ct_convert_f32_to_bf16(hb, p.h, (size_t)(N * D));
+            ct_convert_f32_to_bf16(wb, p.w, (size_t)(V * D));
             in.h = hb, in.weight = wb, in.dtype = CT_DTYPE_BF16;
         }
         ct_memory_stats(&a);
@@ -373,6 +374,12 @@ static void test_memory_bound(void)
     }
     free(dh), free(dw);
     drop(&p);
+}
+
+static void test_memory_bound(void)
+{
+    memory_case(512, 64, 5000, 256 << 10);
+    memory_case(300, 64, 20000, 8 << 20);
 }
 
 /* Finite differences validate the reference's analytic gradient (z-loss, smoothing,
