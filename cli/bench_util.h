@@ -47,6 +47,7 @@ int bench_gemm(bench_ctx *b, int argc, char **argv);
 int bench_lce(bench_ctx *b, int argc, char **argv);
 int bench_flex(bench_ctx *b, int argc, char **argv);
 int bench_io(bench_ctx *b, int argc, char **argv);
+int bench_train(bench_ctx *b, int argc, char **argv);
 int bench_comm(bench_ctx *b, int argc, char **argv);
 
 #endif

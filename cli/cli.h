@@ -11,6 +11,9 @@ typedef int (*cli_cmd_fn)(int argc, char **argv);
 
 int cmd_bench(int argc, char **argv);
 int cmd_version(int argc, char **argv);
+int cmd_train(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+int cmd_tokenizer(int argc, char **argv);
 int cmd_telemetry(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_launch(int argc, char **argv);

@@ -10,9 +10,12 @@ static const struct {
     const char *summary;
 } commands[] = {
     {"bench", cmd_bench, "run a benchmark (gemm, lce, ...) against its baseline"},
+    {"generate", cmd_generate, "sample text from a checkpoint of ctorch train"},
     {"inspect", cmd_inspect, "validate a tensor file and list its tensors and metadata (--json)"},
     {"launch", cmd_launch, "start N local ranks of a program (store, output prefixes, failure report)"},
     {"telemetry", cmd_telemetry, "memory, CPU utilisation and clocks, temperature, power (--json, --watch)"},
+    {"tokenizer", cmd_tokenizer, "train / apply a byte-level BPE tokenizer"},
+    {"train", cmd_train, "train a small GPT on the built-in corpus or a text file (--help)"},
     {"version", cmd_version, "print the version and the instruction set in use"},
 };
 

@@ -24,5 +24,9 @@
 #include "ctorch/attention.h"
 #include "ctorch/io.h"
 #include "ctorch/comm.h"
+#include "ctorch/data.h"
+#include "ctorch/tokenizer.h"
+#include "ctorch/optim.h"
+#include "ctorch/model.h"
 
 #endif

@@ -1,0 +1,968 @@
+/* ctorch train: a small GPT trained end to end on the built-in corpus (entropy known) or on
+ * a text file (byte-level BPE), with a progress line, a JSON-lines metrics log, checkpoints
+ * that resume exactly, held-out evaluation and a loss-curve SVG. */
+#include "cli.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static void usage(FILE *f)
+{
+    ct_gpt_config c = ct_gpt_config_default();
+    ct_train_options t = ct_train_options_default();
+    ct_corpus_options co = ct_corpus_options_default();
+    fprintf(
+        f,
+        "usage: ctorch train [options]\n"
+        "Train a small GPT. By default on the built-in corpus (documents of a sentence from a\n"
+        "class-based Markov source, written R times): its entropy rate (the floor of any model's\n"
+        "loss) and unigram entropy are computed exactly and printed beside the held-out loss\n"
+        "(docs/train.md). With --data on any UTF-8 text, through a byte-level BPE tokenizer.\n"
+        "\ndata:\n"
+        "  --corpus-seed N      built-in corpus seed (%llu)\n"
+        "  --vocab V            built-in vocabulary incl. EOS (%lld); with --data: the BPE "
+        "vocabulary\n"
+        "                       when the tokenizer is trained here (4096)\n"
+        "  --classes C          built-in word classes (%lld)\n"
+        "  --zipf S             built-in Zipf exponent inside a class (%g)\n"
+        "  --sentence N         built-in words per sentence (%lld)\n"
+        "  --repeats R          built-in copies of the sentence per document (%lld)\n"
+        "  --data FILE          train on a UTF-8 text file (last --eval-fraction held out)\n"
+        "  --tokenizer FILE     BPE tokenizer for --data (from `ctorch tokenizer train`); without "
+        "it\n"
+        "                       one is trained on FILE and saved as OUT/tokenizer.json\n"
+        "  --eval-fraction F    held-out share of --data (0.05)\n"
+        "  --no-doc-mask        let attention cross document (EOS) boundaries\n"
+        "\nmodel (or --config FILE.json with the keys of the checkpoint's \"config\"):\n"
+        "  --layers N (%lld)  --d-model C (%lld)  --heads H (%lld)  --kv-heads K (%lld)  --ffn F "
+        "(%lld)\n"
+        "  --context T (%lld)  --window W (0: full causal)  --rope-base B (%g)  --untied\n"
+        "  --init-std X (1 / sqrt(d_model))\n"
+        "\ntraining:\n"
+        "  --steps N (%lld)  --batch B (%lld)  --seq T (context)  --accum K (%lld)  --seed S "
+        "(%llu)\n"
+        "  --lr X (%g)  --min-lr X (%g)  --warmup N (%lld)  --weight-decay X (%g)  --clip X (%g)\n"
+        "  --z-loss X (0)  --label-smoothing X (0)  --unfused-head  --dense-attention\n"
+        "  --eval-every N (steps / 5)  --eval-batches N (%lld)  --threads N\n"
+        "\nruns:\n"
+        "  --out DIR            where checkpoint.safetensors, metrics.jsonl, loss.svg go "
+        "(ctorch-run)\n"
+        "  --save-every N       checkpoint every N steps (and at the end; 0: only at the end)\n"
+        "  --resume [FILE]      continue exactly from FILE (default OUT/checkpoint.safetensors):\n"
+        "                       model, data and training settings come from the checkpoint\n"
+        "  --stop-at N          end this run after step N (the schedule still spans --steps)\n"
+        "  --log-every N        progress lines when stderr is not a terminal (steps / 20)\n"
+        "  --quiet              no progress line\n"
+        "  --dump-grads FILE    write the weights (initial, or the --resume checkpoint's), the "
+        "loss\n"
+        "                       and every gradient of the first micro-batch to FILE (safetensors)\n"
+        "                       and exit: for checking against PyTorch\n"
+        "\nExit status: 0 done, 1 a failure (the message says what), 2 a bad option.\n",
+        (unsigned long long)co.seed, (long long)co.vocab_size, (long long)co.classes, co.zipf,
+        (long long)co.sentence, (long long)co.repeats, (long long)c.n_layer, (long long)c.d_model,
+        (long long)c.n_head, (long long)c.n_kv_head, (long long)c.d_ff, (long long)c.context,
+        c.rope_base, (long long)t.steps, (long long)t.batch, (long long)t.accum,
+        (unsigned long long)t.seed, t.lr, t.min_lr, (long long)t.warmup, t.weight_decay, t.clip,
+        (long long)t.eval_batches);
+}
+
+typedef struct run {
+    ct_gpt_config cfg;
+    ct_train_options to;
+    ct_corpus_options co;
+    const char *data_path, *tok_path, *out, *resume, *dump, *config_path;
+    long long text_vocab, stop_at, eval_every, save_every, log_every, threads;
+    double eval_fraction;
+    bool quiet, no_doc_mask, resuming;
+    const char *settings_flag; /* first model/data/training option given (refused with --resume) */
+    /* data */
+    bool builtin;
+    int32_t *train, *eval;
+    int64_t n_train, n_eval;
+    ct_corpus *corpus;
+    ct_corpus_entropy ent;
+    ct_tokenizer *tok;
+    char *data_json, *tok_json;
+    char ckpt[4096], metrics[4096], svg[4096];
+} run;
+
+/* ---- option parsing ------------------------------------------------------------------------ */
+
+static bool int_opt(int argc, char **argv, int *i, const char *name, long long lo, long long hi,
+                    long long *out, bool *bad)
+{
+    const char *v;
+    if (!cli_opt(argc, argv, i, name, &v)) return false;
+    if (!cli_int(name, v, lo, hi, out)) *bad = true;
+    return true;
+}
+
+static bool float_opt(int argc, char **argv, int *i, const char *name, double lo, double hi,
+                      double *out, bool *bad)
+{
+    const char *v;
+    if (!cli_opt(argc, argv, i, name, &v)) return false;
+    if (!cli_float(name, v, out)) {
+        *bad = true;
+    } else if (!(*out >= lo && *out <= hi)) {
+        fprintf(stderr, "ctorch: %s must be in [%g, %g], got %s\n", name, lo, hi, v);
+        *bad = true;
+    }
+    return true;
+}
+
+/* Parse argv into r; returns 0, or the exit status (2) of a bad option, or -1 for --help. */
+static int parse(run *r, int argc, char **argv)
+{
+    r->cfg = ct_gpt_config_default();
+    r->to = ct_train_options_default();
+    r->co = ct_corpus_options_default();
+    r->out = "ctorch-run";
+    r->text_vocab = 4096;
+    r->eval_fraction = 0.05;
+    r->eval_every = -1;
+    r->save_every = 0;
+    r->log_every = -1;
+    bool bad = false;
+    ct_gpt_config *c = &r->cfg;
+    ct_train_options *t = &r->to;
+    for (int i = 1; i < argc && !bad; i++) {
+        long long x;
+        double d;
+        const char *v, *a = argv[i];
+        bool setting = true; /* a model, data or training setting */
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
+        if (int_opt(argc, argv, &i, "--corpus-seed", 0, LLONG_MAX, &x, &bad))
+            r->co.seed = (uint64_t)x;
+        else if (int_opt(argc, argv, &i, "--vocab", 2, 1 << 20, &x, &bad))
+            r->co.vocab_size = r->text_vocab = x;
+        else if (int_opt(argc, argv, &i, "--classes", 1, 1 << 16, &x, &bad))
+            r->co.classes = x;
+        else if (float_opt(argc, argv, &i, "--zipf", 0, 16, &r->co.zipf, &bad)) {
+        } else if (int_opt(argc, argv, &i, "--sentence", 1, 1 << 20, &x, &bad))
+            r->co.sentence = x;
+        else if (int_opt(argc, argv, &i, "--repeats", 1, 1 << 20, &x, &bad))
+            r->co.repeats = x;
+        else if (cli_opt(argc, argv, &i, "--data", &v))
+            r->data_path = v;
+        else if (cli_opt(argc, argv, &i, "--tokenizer", &v))
+            r->tok_path = v;
+        else if (float_opt(argc, argv, &i, "--eval-fraction", 0.001, 0.5, &r->eval_fraction,
+                           &bad)) {
+        } else if (!strcmp(a, "--no-doc-mask"))
+            r->no_doc_mask = true;
+        else if (cli_opt(argc, argv, &i, "--config", &v))
+            r->config_path = v;
+        else if (int_opt(argc, argv, &i, "--layers", 1, 1024, &x, &bad))
+            c->n_layer = x;
+        else if (int_opt(argc, argv, &i, "--d-model", 2, 65536, &x, &bad))
+            c->d_model = x;
+        else if (int_opt(argc, argv, &i, "--heads", 1, 1024, &x, &bad))
+            c->n_head = x;
+        else if (int_opt(argc, argv, &i, "--kv-heads", 1, 1024, &x, &bad))
+            c->n_kv_head = x;
+        else if (int_opt(argc, argv, &i, "--ffn", 1, 1 << 20, &x, &bad))
+            c->d_ff = x;
+        else if (int_opt(argc, argv, &i, "--context", 1, 1 << 20, &x, &bad))
+            c->context = x;
+        else if (int_opt(argc, argv, &i, "--window", 0, 1 << 20, &x, &bad))
+            c->window = x;
+        else if (float_opt(argc, argv, &i, "--rope-base", 1e-3, 1e12, &d, &bad))
+            c->rope_base = (float)d;
+        else if (!strcmp(a, "--untied"))
+            c->tied = false;
+        else if (float_opt(argc, argv, &i, "--init-std", 0, 10, &d, &bad))
+            c->init_std = (float)d;
+        else if (int_opt(argc, argv, &i, "--steps", 1, 1LL << 40, &x, &bad))
+            t->steps = x;
+        else if (int_opt(argc, argv, &i, "--batch", 1, 1 << 20, &x, &bad))
+            t->batch = x;
+        else if (int_opt(argc, argv, &i, "--seq", 1, 1 << 20, &x, &bad))
+            t->seq = x;
+        else if (int_opt(argc, argv, &i, "--accum", 1, 1 << 20, &x, &bad))
+            t->accum = x;
+        else if (int_opt(argc, argv, &i, "--seed", 0, LLONG_MAX, &x, &bad))
+            t->seed = (uint64_t)x;
+        else if (float_opt(argc, argv, &i, "--lr", 0, 10, &d, &bad))
+            t->lr = (float)d;
+        else if (float_opt(argc, argv, &i, "--min-lr", 0, 10, &d, &bad))
+            t->min_lr = (float)d;
+        else if (int_opt(argc, argv, &i, "--warmup", 0, 1LL << 40, &x, &bad))
+            t->warmup = x;
+        else if (float_opt(argc, argv, &i, "--weight-decay", 0, 10, &d, &bad))
+            t->weight_decay = (float)d;
+        else if (float_opt(argc, argv, &i, "--clip", 0, 1e9, &d, &bad))
+            t->clip = (float)d;
+        else if (float_opt(argc, argv, &i, "--z-loss", 0, 1, &d, &bad))
+            t->z_loss = (float)d;
+        else if (float_opt(argc, argv, &i, "--label-smoothing", 0, 1, &d, &bad))
+            t->label_smoothing = (float)d;
+        else if (!strcmp(a, "--unfused-head"))
+            t->fused_head = false;
+        else if (!strcmp(a, "--dense-attention"))
+            t->dense_attention = true;
+        else if (int_opt(argc, argv, &i, "--eval-batches", 0, 1 << 20, &x, &bad))
+            t->eval_batches = x;
+        else {
+            setting = false;
+            if (int_opt(argc, argv, &i, "--eval-every", 0, 1LL << 40, &r->eval_every, &bad)) {
+            } else if (int_opt(argc, argv, &i, "--threads", 1, 256, &r->threads, &bad)) {
+            } else if (cli_opt(argc, argv, &i, "--out", &v))
+                r->out = v;
+            else if (int_opt(argc, argv, &i, "--save-every", 0, 1LL << 40, &r->save_every, &bad)) {
+            } else if (int_opt(argc, argv, &i, "--stop-at", 1, 1LL << 40, &r->stop_at, &bad)) {
+            } else if (int_opt(argc, argv, &i, "--log-every", 1, 1LL << 40, &r->log_every, &bad)) {
+            } else if (!strcmp(a, "--quiet"))
+                r->quiet = true;
+            else if (cli_opt(argc, argv, &i, "--dump-grads", &v))
+                r->dump = v;
+            else if (!strcmp(a, "--resume")) {
+                r->resuming = true;
+                if (i + 1 < argc && argv[i + 1][0] != '-') r->resume = argv[++i];
+            } else {
+                fprintf(stderr,
+                        "ctorch train: unknown option '%s' (ctorch train --help lists them)\n", a);
+                return 2;
+            }
+        }
+        if (setting && !r->settings_flag) r->settings_flag = a;
+    }
+    if (bad) return 2;
+    if (r->resuming && r->settings_flag) {
+        fprintf(stderr,
+                "ctorch train: --resume takes the model, data and training settings from the "
+                "checkpoint; drop %s\n",
+                r->settings_flag);
+        return 2;
+    }
+    return 0;
+}
+
+/* ---- files --------------------------------------------------------------------------------- */
+
+static int read_file(const char *path, char **data, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "ctorch train: cannot open '%s': %s\n", path, strerror(errno));
+        return 1;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (n == cap) {
+            cap *= 2;
+            char *nb = realloc(buf, cap);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                fprintf(stderr, "ctorch train: '%s' does not fit in memory\n", path);
+                return 1;
+            }
+            buf = nb;
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        if (!got) break;
+        n += got;
+    }
+    bool err = ferror(f);
+    fclose(f);
+    if (err) {
+        free(buf);
+        fprintf(stderr, "ctorch train: cannot read '%s': %s\n", path, strerror(errno));
+        return 1;
+    }
+    *data = buf;
+    *len = n;
+    return 0;
+}
+
+static uint64_t checksum(const int32_t *x, int64_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t i = 0; i < n; i++)
+        h = (h ^ (uint32_t)x[i]) * 1099511628211ull;
+    return h;
+}
+
+static char *dup_json(json_t *j)
+{
+    char *s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    json_decref(j);
+    return s;
+}
+
+/* ---- data ---------------------------------------------------------------------------------- */
+
+static int builtin_data(run *r)
+{
+    ct_status s = ct_corpus_create(&r->co, &r->corpus);
+    if (s) return cli_fail("train: corpus", s);
+    ct_corpus_entropy_compute(r->corpus, &r->ent);
+    int64_t T = r->to.seq ? r->to.seq : r->cfg.context, B = r->to.batch;
+    double need = (double)r->to.steps * (double)r->to.accum * (double)B * (double)T + 1;
+    r->n_train = need > (double)(1 << 26) ? (1 << 26) : (int64_t)need;
+    if (r->n_train < T + 1) r->n_train = T + 1;
+    r->n_eval = (r->to.eval_batches ? r->to.eval_batches : 1) * B * T + 1;
+    r->train = malloc((size_t)r->n_train * sizeof(int32_t));
+    r->eval = malloc((size_t)r->n_eval * sizeof(int32_t));
+    if (!r->train || !r->eval) return cli_fail("train: corpus", CT_ENOMEM);
+    if ((s = ct_corpus_generate(r->corpus, 0, r->n_train, r->train)) ||
+        (s = ct_corpus_generate(r->corpus, 1, r->n_eval, r->eval)))
+        return cli_fail("train: corpus", s);
+    r->builtin = true;
+    r->cfg.vocab_size = r->co.vocab_size;
+    r->to.eos_token = r->no_doc_mask ? -1 : 0;
+    r->data_json = dup_json(json_pack(
+        "{s:s, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:I, s:I}", "kind", "builtin", "seed",
+        (json_int_t)r->co.seed, "vocab_size", (json_int_t)r->co.vocab_size, "classes",
+        (json_int_t)r->co.classes, "successors", (json_int_t)r->co.successors, "zipf", r->co.zipf,
+        "sentence", (json_int_t)r->co.sentence, "repeats", (json_int_t)r->co.repeats,
+        "train_tokens", (json_int_t)r->n_train, "eval_tokens", (json_int_t)r->n_eval));
+    return 0;
+}
+
+static int text_data(run *r, uint64_t want_checksum, int64_t want_tokens)
+{
+    char *text;
+    size_t len;
+    if (read_file(r->data_path, &text, &len)) return 1;
+    size_t bad;
+    if (!ct_utf8_valid(text, len, &bad)) {
+        fprintf(stderr,
+                "ctorch train: '%s' is not UTF-8 text (invalid byte 0x%02x at offset %zu)\n",
+                r->data_path, (unsigned char)text[bad], bad);
+        free(text);
+        return 1;
+    }
+    ct_status s = CT_OK;
+    if (!r->tok && r->tok_path) {
+        s = ct_tokenizer_load(r->tok_path, &r->tok);
+        if (s) {
+            free(text);
+            return cli_fail("train: --tokenizer", s);
+        }
+    }
+    if (!r->tok) {
+        ct_bpe_options bo = ct_bpe_options_default();
+        bo.vocab_size = r->text_vocab;
+        if (!r->quiet)
+            fprintf(stderr, "training a byte-level BPE tokenizer (vocabulary %lld) on %s ...\n",
+                    r->text_vocab, r->data_path);
+        if ((s = ct_tokenizer_train(text, len, &bo, &r->tok))) {
+            free(text);
+            return cli_fail("train: tokenizer", s);
+        }
+        char path[4200];
+        snprintf(path, sizeof path, "%s/tokenizer.json", r->out);
+        if ((s = ct_tokenizer_save(r->tok, path))) {
+            free(text);
+            return cli_fail("train: saving the tokenizer", s);
+        }
+        if (!r->quiet) fprintf(stderr, "tokenizer saved to %s\n", path);
+    }
+    int32_t *ids;
+    int64_t n;
+    s = ct_tokenizer_encode(r->tok, text, len, &ids, &n);
+    free(text);
+    if (s) return cli_fail("train: tokenizing", s);
+    uint64_t sum = checksum(ids, n);
+    if (want_tokens >= 0 && (n != want_tokens || sum != want_checksum)) {
+        ct_free(ids);
+        fprintf(
+            stderr,
+            "ctorch train: '%s' is not the text the checkpoint was trained on (%lld tokens now, "
+            "%lld then, or another checksum)\n",
+            r->data_path, (long long)n, (long long)want_tokens);
+        return 1;
+    }
+    int64_t T = r->to.seq ? r->to.seq : r->cfg.context;
+    int64_t ne = (int64_t)((double)n * r->eval_fraction);
+    if (ne < T + 1) ne = T + 1;
+    if (n - ne < T + 1) {
+        ct_free(ids);
+        fprintf(
+            stderr,
+            "ctorch train: '%s' gives %lld tokens; it needs at least %lld (two windows of seq + 1 "
+            "= %lld: train and held out)\n",
+            r->data_path, (long long)n, (long long)(2 * (T + 1)), (long long)(T + 1));
+        return 1;
+    }
+    r->n_train = n - ne;
+    r->n_eval = ne;
+    r->train = malloc((size_t)r->n_train * sizeof(int32_t));
+    r->eval = malloc((size_t)r->n_eval * sizeof(int32_t));
+    if (!r->train || !r->eval) {
+        ct_free(ids);
+        return cli_fail("train: data", CT_ENOMEM);
+    }
+    memcpy(r->train, ids, (size_t)r->n_train * sizeof(int32_t));
+    memcpy(r->eval, ids + r->n_train, (size_t)r->n_eval * sizeof(int32_t));
+    ct_free(ids);
+    r->cfg.vocab_size = ct_tokenizer_vocab_size(r->tok);
+    r->to.eos_token = r->no_doc_mask ? -1 : ct_tokenizer_eos(r->tok);
+    char ck[32];
+    snprintf(ck, sizeof ck, "%016" PRIx64, sum);
+    r->data_json = dup_json(json_pack("{s:s, s:s, s:f, s:I, s:s}", "kind", "text", "path",
+                                      r->data_path, "eval_fraction", r->eval_fraction, "tokens",
+                                      (json_int_t)n, "checksum", ck));
+    char *tj;
+    if ((s = ct_tokenizer_to_json(r->tok, &tj))) return cli_fail("train: tokenizer", s);
+    r->tok_json = strdup(tj);
+    ct_free(tj);
+    return 0;
+}
+
+/* Settings from a checkpoint's metadata (for --resume). */
+static int settings_from_checkpoint(run *r, const char *path, uint64_t *sum, int64_t *tokens)
+{
+    ct_tensor_file *f;
+    ct_status s = ct_load(path, NULL, &f);
+    if (s) return cli_fail("train: --resume", s);
+    int rc = 0;
+    const char *tj = ct_tensor_file_metadata_get(f, "train"),
+               *dj = ct_tensor_file_metadata_get(f, "data");
+    const char *kj = ct_tensor_file_metadata_get(f, "tokenizer");
+    json_t *d = dj ? json_loads(dj, 0, NULL) : NULL;
+    if ((s = ct_gpt_checkpoint_config(f, &r->cfg)) ||
+        (tj && (s = ct_train_options_from_json(tj, &r->to)))) {
+        rc = cli_fail("train: --resume", s);
+        goto done;
+    }
+    if (!tj || !d) {
+        fprintf(stderr,
+                "ctorch train: --resume: '%s' lacks the \"train\" or \"data\" metadata of ctorch "
+                "train\n",
+                path);
+        rc = 1;
+        goto done;
+    }
+    const char *kind = json_string_value(json_object_get(d, "kind"));
+    if (kind && !strcmp(kind, "builtin")) {
+        r->co.seed = (uint64_t)json_integer_value(json_object_get(d, "seed"));
+        r->co.vocab_size = json_integer_value(json_object_get(d, "vocab_size"));
+        r->co.classes = json_integer_value(json_object_get(d, "classes"));
+        r->co.successors = json_integer_value(json_object_get(d, "successors"));
+        r->co.zipf = json_number_value(json_object_get(d, "zipf"));
+        r->co.sentence = json_integer_value(json_object_get(d, "sentence"));
+        r->co.repeats = json_integer_value(json_object_get(d, "repeats"));
+        r->no_doc_mask = r->to.eos_token < 0;
+        *tokens = -1;
+    } else if (kind && !strcmp(kind, "text") && kj) {
+        static char path_buf[4096];
+        snprintf(path_buf, sizeof path_buf, "%s", json_string_value(json_object_get(d, "path")));
+        r->data_path = path_buf;
+        r->eval_fraction = json_number_value(json_object_get(d, "eval_fraction"));
+        *tokens = json_integer_value(json_object_get(d, "tokens"));
+        const char *ck = json_string_value(json_object_get(d, "checksum"));
+        *sum = ck ? strtoull(ck, NULL, 16) : 0;
+        r->no_doc_mask = r->to.eos_token < 0;
+        if ((s = ct_tokenizer_from_json(kj, strlen(kj), &r->tok)))
+            rc = cli_fail("train: --resume tokenizer", s);
+    } else {
+        fprintf(stderr,
+                "ctorch train: --resume: '%s' has no known data kind in its \"data\" metadata\n",
+                path);
+        rc = 1;
+    }
+done:
+    json_decref(d);
+    ct_tensor_file_close(f);
+    return rc;
+}
+
+/* ---- gradients dump (the PyTorch check) ---------------------------------------------------- */
+
+static int dump_grads(run *r)
+{
+    ct_gpt_options mo = ct_gpt_options_default();
+    mo.batch = r->to.batch;
+    mo.seq = r->to.seq;
+    mo.fused_head = r->to.fused_head;
+    mo.dense_attention = r->to.dense_attention;
+    mo.eos_token = r->to.eos_token;
+    mo.z_loss = r->to.z_loss;
+    mo.label_smoothing = r->to.label_smoothing;
+    ct_gpt *m;
+    ct_status s = ct_gpt_create(&r->cfg, &mo, &m);
+    if (s) return cli_fail("train: model", s);
+    int64_t B = r->to.batch, T = r->to.seq;
+    if (r->n_train < B * T + 1) {
+        ct_gpt_free(m);
+        fprintf(stderr, "ctorch train: --dump-grads needs batch * seq + 1 = %lld training tokens\n",
+                (long long)(B * T + 1));
+        return 1;
+    }
+    int32_t *tokens = malloc((size_t)(B * (T + 1)) * sizeof(int32_t));
+    for (int64_t b = 0; b < B; b++)
+        memcpy(tokens + b * (T + 1), r->train + b * T, (size_t)(T + 1) * sizeof(int32_t));
+    float loss = 0;
+    if (r->resuming) { /* the checkpoint's weights */
+        ct_tensor_file *f;
+        if (!(s = ct_load(r->resume, NULL, &f))) s = ct_gpt_load_params(m, f);
+        ct_tensor_file_close(f);
+    } else {
+        s = ct_gpt_init(m, r->to.seed);
+    }
+    if (!s) s = ct_gpt_forward_backward(m, tokens, B, T, 1.0f, &loss);
+    int nt = ct_gpt_num_tensors(m);
+    ct_tensor *tens = calloc((size_t)(2 * nt + 1), sizeof *tens);
+    char **names = calloc((size_t)(2 * nt + 1), sizeof *names);
+    for (int i = 0; i < nt && !s; i++) {
+        const char *name;
+        s = ct_gpt_tensor(m, i, &name, &tens[i], &tens[nt + i]);
+        names[i] = strdup(name);
+        names[nt + i] = malloc(strlen(name) + 8);
+        sprintf(names[nt + i], "grad.%s", name);
+    }
+    int64_t ts[2] = {B, T + 1};
+    if (!s) s = ct_tensor_wrap(&tens[2 * nt], tokens, CT_DTYPE_I32, 2, ts, NULL);
+    names[2 * nt] = strdup("tokens");
+    char ls[32], *cj = NULL, *tj = NULL;
+    snprintf(ls, sizeof ls, "%.9g", loss);
+    if (!s) s = ct_gpt_config_to_json(&r->cfg, &cj);
+    if (!s) s = ct_train_options_to_json(&r->to, &tj);
+    if (!s) {
+        const char *keys[] = {"format", "config", "train", "loss"};
+        const char *vals[] = {"ctorch-gpt-grads", cj, tj, ls};
+        s = ct_save_safetensors(r->dump, tens, (const char *const *)names, (size_t)(2 * nt + 1),
+                                keys, vals, 4, NULL);
+    }
+    for (int i = 0; i < 2 * nt + 1; i++)
+        free(names[i]);
+    free(names);
+    free(tens);
+    free(tokens);
+    ct_free(cj);
+    ct_free(tj);
+    ct_gpt_free(m);
+    if (s) return cli_fail("train: --dump-grads", s);
+    printf("loss %.9g; weights and gradients of %d tensors written to %s\n", loss, nt, r->dump);
+    return 0;
+}
+
+/* ---- progress, metrics, plot --------------------------------------------------------------- */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void fmt_time(double s, char *buf, size_t n)
+{
+    if (!(s >= 0) || s > 1e7) {
+        snprintf(buf, n, "--:--");
+        return;
+    }
+    long t = (long)(s + 0.5);
+    if (t >= 3600)
+        snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+    else
+        snprintf(buf, n, "%ld:%02ld", t / 60, t % 60);
+}
+
+/* The loss curve as SVG: training loss per step (and its moving average), held-out points,
+ * and for the built-in corpus the entropy floor and the unigram entropy. From metrics.jsonl,
+ * so a resumed run plots its whole history. */
+static int write_svg(const run *r)
+{
+    FILE *in = fopen(r->metrics, "r");
+    if (!in) return 1;
+    size_t cap = 1024, n = 0, ne = 0, cape = 64;
+    double *xs = malloc(cap * sizeof *xs), *ys = malloc(cap * sizeof *ys);
+    double *ex = malloc(cape * sizeof *ex), *ey = malloc(cape * sizeof *ey);
+    char line[4096];
+    while (fgets(line, sizeof line, in)) {
+        json_t *j = json_loads(line, 0, NULL);
+        if (!j) continue;
+        json_t *st = json_object_get(j, "step"), *l = json_object_get(j, "loss"),
+               *e = json_object_get(j, "eval_loss");
+        if (json_is_integer(st) && json_is_number(l)) {
+            if (n == cap)
+                cap *= 2, xs = realloc(xs, cap * sizeof *xs), ys = realloc(ys, cap * sizeof *ys);
+            /* a resumed run rewrites the steps after its checkpoint: keep the latest */
+            double sx = (double)json_integer_value(st);
+            while (n && xs[n - 1] >= sx)
+                n--;
+            xs[n] = sx, ys[n++] = json_number_value(l);
+        }
+        if (json_is_integer(st) && json_is_number(e)) {
+            if (ne == cape)
+                cape *= 2, ex = realloc(ex, cape * sizeof *ex), ey = realloc(ey, cape * sizeof *ey);
+            double sx = (double)json_integer_value(st);
+            while (ne && ex[ne - 1] >= sx)
+                ne--;
+            ex[ne] = sx, ey[ne++] = json_number_value(e);
+        }
+        json_decref(j);
+    }
+    fclose(in);
+    FILE *f = fopen(r->svg, "w");
+    if (!f || !n) {
+        if (f) fclose(f);
+        free(xs), free(ys), free(ex), free(ey);
+        return 1;
+    }
+    double x1 = xs[n - 1] > 1 ? xs[n - 1] : 2, y0 = 1e30, y1 = -1e30;
+    for (size_t i = 0; i < n; i++)
+        y0 = fmin(y0, ys[i]), y1 = fmax(y1, ys[i]);
+    for (size_t i = 0; i < ne; i++)
+        y0 = fmin(y0, ey[i]), y1 = fmax(y1, ey[i]);
+    if (r->builtin) y0 = fmin(y0, r->ent.rate), y1 = fmax(y1, r->ent.unigram);
+    y0 = floor(y0 - 0.25), y1 = ceil(fmin(y1, y0 + 12) + 0.25);
+    const double W = 800, H = 480, L = 60, R = 20, Tp = 30, Bm = 50;
+#define PX(x) (L + ((x)-1) / (x1 - 1) * (W - L - R))
+#define PY(y) (Tp + (y1 - fmax(y0, fmin(y1, (y)))) / (y1 - y0) * (H - Tp - Bm))
+    fprintf(f,
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%g\" height=\"%g\" "
+            "font-family=\"sans-serif\" "
+            "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+            W, H);
+    fprintf(
+        f,
+        "<text x=\"%g\" y=\"18\" font-size=\"14\">ctorch train: loss (nats/token) by step</text>\n",
+        L);
+    for (double y = y0; y <= y1 + 1e-9; y += (y1 - y0 > 6 ? 2 : 1))
+        fprintf(f,
+                "<line x1=\"%g\" x2=\"%g\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/><text x=\"%g\" "
+                "y=\"%.1f\" "
+                "text-anchor=\"end\">%g</text>\n",
+                L, W - R, PY(y), PY(y), L - 6, PY(y) + 4, y);
+    for (int k = 0; k <= 5; k++) {
+        double x = 1 + (x1 - 1) * k / 5.0;
+        fprintf(f, "<text x=\"%.1f\" y=\"%g\" text-anchor=\"middle\">%.0f</text>\n", PX(x),
+                H - Bm + 18, x);
+    }
+    fprintf(f, "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">step</text>\n", (W + L) / 2, H - 12);
+    fprintf(f, "<polyline fill=\"none\" stroke=\"#9ecae1\" stroke-width=\"1\" points=\"");
+    for (size_t i = 0; i < n; i++)
+        fprintf(f, "%.1f,%.1f ", PX(xs[i]), PY(ys[i]));
+    fprintf(f, "\"/>\n<polyline fill=\"none\" stroke=\"#08519c\" stroke-width=\"2\" points=\"");
+    double ema = ys[0];
+    for (size_t i = 0; i < n; i++) {
+        ema = i ? 0.9 * ema + 0.1 * ys[i] : ys[0];
+        fprintf(f, "%.1f,%.1f ", PX(xs[i]), PY(ema));
+    }
+    fprintf(f, "\"/>\n");
+    for (size_t i = 0; i < ne; i++)
+        fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#e6550d\"/>\n", PX(ex[i]),
+                PY(ey[i]));
+    double ly = Tp + 16;
+    if (r->builtin) {
+        fprintf(f,
+                "<line x1=\"%g\" x2=\"%g\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#31a354\" "
+                "stroke-dasharray=\"6,4\"/>\n",
+                L, W - R, PY(r->ent.rate), PY(r->ent.rate));
+        fprintf(f,
+                "<line x1=\"%g\" x2=\"%g\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#756bb1\" "
+                "stroke-dasharray=\"6,4\"/>\n",
+                L, W - R, PY(r->ent.unigram), PY(r->ent.unigram));
+    }
+    const char *labels[4] = {"training loss", "moving average", "held-out loss", NULL};
+    const char *colors[4] = {"#9ecae1", "#08519c", "#e6550d", NULL};
+    char fl[64], ul[64];
+    int nl = 3;
+    if (r->builtin) {
+        snprintf(fl, sizeof fl, "entropy floor %.3f", r->ent.rate);
+        snprintf(ul, sizeof ul, "unigram entropy %.3f", r->ent.unigram);
+        labels[3] = fl, colors[3] = "#31a354", nl = 4;
+    }
+    for (int i = 0; i < nl; i++, ly += 16)
+        fprintf(f,
+                "<rect x=\"%g\" y=\"%.1f\" width=\"14\" height=\"4\" fill=\"%s\"/><text x=\"%g\" "
+                "y=\"%.1f\">%s"
+                "</text>\n",
+                W - R - 190, ly - 4, colors[i], W - R - 170, ly, labels[i]);
+    if (r->builtin)
+        fprintf(f,
+                "<rect x=\"%g\" y=\"%.1f\" width=\"14\" height=\"4\" fill=\"#756bb1\"/><text "
+                "x=\"%g\" y=\"%.1f\">"
+                "%s</text>\n",
+                W - R - 190, ly - 4, W - R - 170, ly, ul);
+    fprintf(f, "</svg>\n");
+#undef PX
+#undef PY
+    int rc = fclose(f) ? 1 : 0;
+    free(xs), free(ys), free(ex), free(ey);
+    return rc;
+}
+
+static void metrics_line(FILE *f, json_t *j)
+{
+    if (!f) {
+        json_decref(j);
+        return;
+    }
+    char *s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
+    json_decref(j);
+    if (s) {
+        fputs(s, f);
+        fputc('\n', f);
+        fflush(f);
+        free(s);
+    }
+}
+
+/* Where the held-out loss sits between the unigram entropy (0%) and the floor (100%). */
+static double progress_to_floor(const run *r, double loss)
+{
+    return 100.0 * (r->ent.unigram - loss) / (r->ent.unigram - r->ent.rate);
+}
+
+/* ---- the run ------------------------------------------------------------------------------- */
+
+static int save(const run *r, ct_trainer *t)
+{
+    const char *keys[3] = {"data", "tokenizer", NULL};
+    const char *vals[3] = {r->data_json, r->tok_json, NULL};
+    ct_status s = ct_trainer_save(t, r->ckpt, r->tok_json ? 2 : 1, keys, vals);
+    if (s) return cli_fail("train: saving the checkpoint", s);
+    return 0;
+}
+
+static int train_loop(run *r)
+{
+    ct_trainer *t;
+    ct_status s = ct_trainer_create(&r->cfg, &r->to, r->train, r->n_train, r->eval, r->n_eval, &t);
+    if (s) return cli_fail("train", s);
+    ct_gpt *m = ct_trainer_model(t);
+    if (r->resuming) {
+        if ((s = ct_trainer_load(t, r->resume))) {
+            ct_trainer_free(t);
+            return cli_fail("train: --resume", s);
+        }
+    }
+    const ct_train_options *o = &r->to;
+    int64_t T = o->seq ? o->seq : r->cfg.context, total = o->steps;
+    int64_t stop = r->stop_at && r->stop_at < total ? r->stop_at : total;
+    int64_t start = ct_trainer_step_count(t);
+    long long eval_every = r->eval_every >= 0 ? r->eval_every : (total >= 5 ? total / 5 : 1);
+    long long log_every = r->log_every > 0 ? r->log_every : (total >= 20 ? total / 20 : 1);
+    bool tty = isatty(2);
+    ct_gpt_memory mem = ct_gpt_memory_sizes(m);
+    if (!r->quiet) {
+        if (r->builtin)
+            fprintf(
+                stderr,
+                "data: built-in corpus (seed %llu, vocabulary %lld incl. EOS, %lld classes, Zipf "
+                "%g, "
+                "documents of a %lld-word sentence x %lld): %lld training + %lld held-out tokens\n"
+                "      entropy floor %.4f nats/token (the rate: no model can do better), unigram "
+                "entropy %.4f\n",
+                (unsigned long long)r->co.seed, (long long)r->co.vocab_size,
+                (long long)r->co.classes, r->co.zipf, (long long)r->co.sentence,
+                (long long)r->co.repeats, (long long)r->n_train, (long long)r->n_eval, r->ent.rate,
+                r->ent.unigram);
+        else
+            fprintf(stderr, "data: %s: %lld training + %lld held-out tokens, BPE vocabulary %lld\n",
+                    r->data_path, (long long)r->n_train, (long long)r->n_eval,
+                    (long long)r->cfg.vocab_size);
+        fprintf(stderr,
+                "model: %lld layers, d_model %lld, %lld heads (%lld kv), ffn %lld, context %lld%s, "
+                "%s head, "
+                "%.2fM parameters\n",
+                (long long)r->cfg.n_layer, (long long)r->cfg.d_model, (long long)r->cfg.n_head,
+                (long long)r->cfg.n_kv_head, (long long)r->cfg.d_ff, (long long)r->cfg.context,
+                r->cfg.window ? ", sliding window" : "", r->cfg.tied ? "tied" : "untied",
+                (double)ct_gpt_num_params(m) / 1e6);
+        fprintf(
+            stderr,
+            "memory: parameters %.1f MiB, gradients %.1f MiB, AdamW %.1f MiB, activations %.1f MiB "
+            "(batch %lld x %lld, %s loss, %s attention%s)\n",
+            mem.params / 1048576.0, mem.grads / 1048576.0, mem.optimizer / 1048576.0,
+            mem.activations / 1048576.0, (long long)o->batch, (long long)T,
+            o->fused_head ? "fused" : "unfused", o->dense_attention ? "dense" : "flex",
+            o->eos_token >= 0 ? ", documents masked" : "");
+        fprintf(stderr,
+                "training: %lld steps of %lld tokens (accum %lld), lr %g -> %g, %d threads%s\n",
+                (long long)total, (long long)(o->accum * o->batch * T), (long long)o->accum, o->lr,
+                o->min_lr, ct_num_threads(), start ? " (resumed)" : "");
+        if (start) fprintf(stderr, "resumed from %s at step %lld\n", r->resume, (long long)start);
+    }
+    FILE *mf = fopen(r->metrics, start ? "a" : "w");
+    if (!mf) {
+        fprintf(stderr, "ctorch train: cannot write '%s': %s\n", r->metrics, strerror(errno));
+        ct_trainer_free(t);
+        return 1;
+    }
+    json_t *hdr = json_pack("{s:s, s:I, s:I, s:I, s:i}", "event", start ? "resume" : "start",
+                            "step", (json_int_t)start, "params", (json_int_t)ct_gpt_num_params(m),
+                            "steps", (json_int_t)total, "threads", ct_num_threads());
+    if (r->builtin) {
+        json_object_set_new(hdr, "entropy_floor", json_real(r->ent.rate));
+        json_object_set_new(hdr, "unigram_entropy", json_real(r->ent.unigram));
+    }
+    metrics_line(mf, hdr);
+    ct_telemetry tel;
+    ct_telemetry_sample ts;
+    ct_telemetry_init(&tel);
+    ct_telemetry_read(&tel, &ts);
+    double t0 = now_s(), step_s = 0, cpu = NAN;
+    int64_t tokens_run = 0;
+    float last_eval = NAN;
+    int rc = 0;
+    for (int64_t step = start; step < stop; step++) {
+        ct_train_step_info info;
+        double ts0 = now_s();
+        if ((s = ct_trainer_step(t, &info))) {
+            rc = cli_fail("train: step", s);
+            break;
+        }
+        double tnow = now_s(), dt = tnow - ts0;
+        step_s = step == start ? dt : 0.8 * step_s + 0.2 * dt;
+        tokens_run += info.tokens;
+        ct_memory_stats_t ms;
+        ct_memory_stats(&ms);
+        bool eval_now = info.step == stop || (eval_every && info.step % eval_every == 0);
+        bool log_now = info.step == stop || info.step % log_every == 0;
+        if (tty || log_now || eval_now) {
+            if (ct_telemetry_read(&tel, &ts) == CT_OK && !isnan(ts.process_cpu))
+                cpu = ts.process_cpu;
+        }
+        json_t *j =
+            json_pack("{s:I, s:f, s:f, s:f, s:I, s:f, s:f, s:I}", "step", (json_int_t)info.step,
+                      "loss", (double)info.loss, "lr", (double)info.lr, "grad_norm", info.grad_norm,
+                      "tokens", (json_int_t)info.tokens, "step_s", dt, "elapsed_s", tnow - t0,
+                      "mem_bytes", (json_int_t)ms.current_bytes);
+        if (!isnan(cpu)) json_object_set_new(j, "cpu", json_real(cpu));
+        if (eval_now && r->n_eval) {
+            float el;
+            if ((s = ct_trainer_evaluate(t, &el))) {
+                json_decref(j);
+                rc = cli_fail("train: evaluation", s);
+                break;
+            }
+            last_eval = el;
+            json_object_set_new(j, "eval_loss", json_real(el));
+        }
+        metrics_line(mf, j);
+        if (!r->quiet && (tty || log_now || eval_now)) {
+            char eta[32];
+            fmt_time(step_s * (double)(stop - info.step), eta, sizeof eta);
+            double tps = tokens_run / (tnow - t0);
+            char cpus[32] = "";
+            if (!isnan(cpu)) snprintf(cpus, sizeof cpus, " | cpu %3.0f%%", 100 * cpu);
+            fprintf(
+                stderr,
+                "%sstep %*lld/%lld | loss %.4f | lr %.2e | %6.0f tok/s | ETA %s | mem %.1f MiB%s%s",
+                tty ? "\r\033[K" : "", (int)(log10((double)total) + 1), (long long)info.step,
+                (long long)total, info.loss, info.lr, tps, eta, ms.current_bytes / 1048576.0, cpus,
+                tty ? "" : "\n");
+            if (eval_now && !isnan(last_eval)) {
+                if (r->builtin)
+                    fprintf(stderr,
+                            "%sheld-out loss %.4f at step %lld (floor %.4f, unigram %.4f: %.0f%% "
+                            "of the way "
+                            "to the floor)\n",
+                            tty ? "\n" : "", last_eval, (long long)info.step, r->ent.rate,
+                            r->ent.unigram, progress_to_floor(r, last_eval));
+                else
+                    fprintf(stderr, "%sheld-out loss %.4f at step %lld\n", tty ? "\n" : "",
+                            last_eval, (long long)info.step);
+            }
+            fflush(stderr);
+        }
+        if (r->save_every && info.step % r->save_every == 0 && info.step != stop &&
+            (rc = save(r, t)))
+            break;
+    }
+    if (!rc) rc = save(r, t);
+    double wall = now_s() - t0;
+    ct_memory_stats_t ms;
+    ct_memory_stats(&ms);
+    json_t *end =
+        json_pack("{s:s, s:I, s:f, s:f, s:I}", "event", "end", "step",
+                  (json_int_t)ct_trainer_step_count(t), "wall_s", wall, "tokens_per_s",
+                  wall > 0 ? tokens_run / wall : 0.0, "peak_mem_bytes", (json_int_t)ms.peak_bytes);
+    if (!isnan(last_eval)) json_object_set_new(end, "eval_loss", json_real(last_eval));
+    metrics_line(mf, end);
+    fclose(mf);
+    if (!rc && write_svg(r)) fprintf(stderr, "ctorch train: could not write %s\n", r->svg);
+    if (!rc && !r->quiet) {
+        char el[32];
+        fmt_time(wall, el, sizeof el);
+        if (tty) fputc('\n', stderr);
+        fprintf(stderr, "done: %lld steps in %s (%.0f tokens/s), peak tracked memory %.1f MiB\n",
+                (long long)(ct_trainer_step_count(t) - start), el,
+                wall > 0 ? tokens_run / wall : 0.0, ms.peak_bytes / 1048576.0);
+        if (!isnan(last_eval) && r->builtin)
+            fprintf(stderr,
+                    "held-out loss %.4f | entropy floor %.4f | unigram entropy %.4f -> %.0f%% of "
+                    "the way from "
+                    "the unigram entropy to the floor (%s)\n",
+                    last_eval, r->ent.rate, r->ent.unigram, progress_to_floor(r, last_eval),
+                    last_eval - r->ent.rate < r->ent.unigram - last_eval
+                        ? "closer to the floor"
+                        : "closer to the unigram entropy");
+        fprintf(stderr, "wrote %s, %s, %s\n", r->ckpt, r->metrics, r->svg);
+    }
+    ct_trainer_free(t);
+    return rc;
+}
+
+static void run_free(run *r)
+{
+    free(r->train);
+    free(r->eval);
+    ct_corpus_free(r->corpus);
+    ct_tokenizer_free(r->tok);
+    free(r->data_json);
+    free(r->tok_json);
+}
+
+int cmd_train(int argc, char **argv)
+{
+    run r;
+    memset(&r, 0, sizeof r);
+    int rc = parse(&r, argc, argv);
+    if (rc == -1) {
+        usage(stdout);
+        return 0;
+    }
+    if (rc) return rc;
+    if (r.threads && (rc = ct_set_num_threads((int)r.threads)))
+        return cli_fail("train: --threads", (ct_status)rc);
+    if (mkdir(r.out, 0777) && errno != EEXIST) {
+        fprintf(stderr, "ctorch train: cannot create the output folder '%s': %s\n", r.out,
+                strerror(errno));
+        return 1;
+    }
+    snprintf(r.ckpt, sizeof r.ckpt, "%s/checkpoint.safetensors", r.out);
+    snprintf(r.metrics, sizeof r.metrics, "%s/metrics.jsonl", r.out);
+    snprintf(r.svg, sizeof r.svg, "%s/loss.svg", r.out);
+    if (r.resuming && !r.resume) r.resume = r.ckpt;
+    uint64_t sum = 0;
+    int64_t tokens = -1;
+    if (r.resuming) rc = settings_from_checkpoint(&r, r.resume, &sum, &tokens);
+    if (!rc && r.config_path) {
+        char *text;
+        size_t len;
+        if (!(rc = read_file(r.config_path, &text, &len))) {
+            char *z = realloc(text, len + 1);
+            z[len] = '\0';
+            ct_status s = ct_gpt_config_from_json(z, &r.cfg);
+            free(z);
+            if (s) rc = cli_fail("train: --config", s);
+        }
+    }
+    if (!rc) rc = r.data_path ? text_data(&r, sum, tokens) : builtin_data(&r);
+    if (!rc && r.to.seq == 0) r.to.seq = r.cfg.context;
+    if (!rc) {
+        ct_status s = ct_gpt_config_check(&r.cfg);
+        if (s) rc = cli_fail("train: model configuration", s);
+    }
+    if (!rc) rc = r.dump ? dump_grads(&r) : train_loop(&r);
+    run_free(&r);
+    return rc;
+}

@@ -1,0 +1,267 @@
+/*
+ * ctorch/model.h - a decoder-only transformer (a small GPT / Llama) with its forward and
+ * backward written as layer pairs on the library's kernels, and a trainer around it.
+ *
+ * The model, for tokens x [B, T] (N = B T rows, C = d_model, H query heads and Hkv key/value
+ * heads of E = C / H dims, F = d_ff):
+ *
+ *     h = tok_embeddings[x]                                       [N, C]
+ *     for each layer:
+ *         a = rmsnorm(h) * attention_norm
+ *         q = rope(a wq^T), k = rope(a wk^T), v = a wv^T          [B, T, H|Hkv, E]
+ *         h = h + flex_attention(q, k, v, mask) wo^T              (GQA: head i reads kv head
+ *                                                                  i / (H / Hkv))
+ *         f = rmsnorm(h) * ffn_norm
+ *         g|u = f w_gate_up^T;  h = h + (silu(g) * u) w_down^T    (SwiGLU)
+ *     loss = cross_entropy(rmsnorm(h) * norm  W^T, next tokens)   W = tok_embeddings when tied
+ *
+ * The mask is causal, or a causal sliding window (token i sees tokens i - window .. i), and
+ * with document masking (eos_token >= 0) a token sees only tokens of its own document (the
+ * document id increases after each EOS token, which ends the document it belongs to). RoPE is
+ * the rotate-half form with positions 0 .. T-1 of each sequence. The head is the fused linear
+ * cross-entropy (no [N, V] logits), or, as a baseline, the unfused linear + cross-entropy.
+ *
+ * Memory: parameters, gradients and activations are each ONE accounted allocation carved by a
+ * size table (ct_gpt_memory); the optimizer moments of a trainer are a fourth. Parameters are
+ * laid out weights first (the tensors AdamW decays: every matrix) then the norm weights.
+ *
+ * Tensor names (PyTorch shapes, [out, in] for linear weights):
+ *   tok_embeddings.weight [V, C], output.weight [V, C] (untied only),
+ *   layers.{i}.attention.wq.weight [H E, C], .wk.weight [Hkv E, C], .wv.weight [Hkv E, C],
+ *   layers.{i}.attention.wo.weight [C, H E],
+ *   layers.{i}.feed_forward.w_gate_up.weight [2 F, C] (gate rows first), .w_down.weight [C, F],
+ *   layers.{i}.attention_norm.weight [C], layers.{i}.ffn_norm.weight [C], norm.weight [C].
+ *
+ * Determinism: every kernel used gives the same bits for any thread count, and the model adds
+ * its terms in a fixed order, so a forward and backward (and so a training run) are bitwise
+ * reproducible across runs and thread counts.
+ */
+#ifndef CTORCH_MODEL_H
+#define CTORCH_MODEL_H
+
+#include "ctorch/data.h"
+#include "ctorch/io.h"
+#include "ctorch/optim.h"
+#include "ctorch/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- configuration ------------------------------------------------------------------------ */
+
+/** Shape of a model. */
+typedef struct ct_gpt_config {
+    int64_t vocab_size; /**< V >= 2; default 32768 */
+    int64_t context;    /**< longest sequence T >= 1; default 128 */
+    int64_t n_layer;    /**< >= 1; default 4 */
+    int64_t d_model;    /**< C, a multiple of n_head; default 128 */
+    int64_t n_head;     /**< H >= 1, with an even head dim C / H (RoPE); default 4 */
+    int64_t n_kv_head;  /**< Hkv dividing H (grouped-query attention); default 2 */
+    int64_t d_ff;       /**< F >= 1, the SwiGLU hidden size; default 384 */
+    float rope_base;    /**< > 0; default 10000 */
+    int64_t window;     /**< 0: full causal attention; W > 0: causal sliding window of W
+                             previous tokens; default 0 */
+    bool tied;          /**< head weight = token embedding; default true */
+    float norm_eps;     /**< RMSNorm epsilon > 0; default 1e-5 */
+    float init_std;     /**< std of the initial weights; 0 (default): 1 / sqrt(d_model), so
+                             token embeddings have norm ~1 and the tied head's logits start at
+                             std ~1; the residual projections (wo, w_down) get
+                             init_std / sqrt(2 n_layer) */
+} ct_gpt_config;
+
+/** The defaults listed above. */
+CT_API ct_gpt_config ct_gpt_config_default(void);
+
+/** Check a configuration; CT_EINVAL names the first field that breaks its rule. */
+CT_API ct_status ct_gpt_config_check(const ct_gpt_config *cfg);
+
+/** Serialise a configuration to compact JSON (the keys are the field names) into a new
+ *  NUL-terminated string (ct_alloc'ed: release with ct_free). */
+CT_API ct_status ct_gpt_config_to_json(const ct_gpt_config *cfg, char **json);
+
+/** Parse JSON written by ct_gpt_config_to_json (or by hand): keys absent keep the value *cfg
+ *  holds, so start from ct_gpt_config_default(). CT_EFORMAT names an unknown key or a value of
+ *  the wrong type; the result is then checked with ct_gpt_config_check. */
+CT_API ct_status ct_gpt_config_from_json(const char *json, ct_gpt_config *cfg);
+
+/* ---- the model ---------------------------------------------------------------------------- */
+
+/** How a model instance runs (fixed at creation: the activation table depends on it). */
+typedef struct ct_gpt_options {
+    int64_t batch;         /**< most sequences per call (B >= 1); default 8 */
+    int64_t seq;           /**< longest sequence per call, 1 .. context; 0 (default): context */
+    bool fused_head;       /**< fused linear cross-entropy (default true); false: logits and
+                                their gradient as [B T, V] arrays (the unfused baseline) */
+    bool dense_attention;  /**< false (default): FlexAttention with a block mask; true: dense
+                                SDPA reading a [B, T, T] boolean mask (the baseline) */
+    int32_t eos_token;     /**< >= 0: document masking on this token; -1 (default): none */
+    float z_loss;          /**< training loss z-loss scale (default 0); evaluation never has it */
+    float label_smoothing; /**< training label smoothing (default 0); not in evaluation */
+    size_t lce_scratch_bytes; /**< fused loss tile budget; 0 (default): the loss's default */
+} ct_gpt_options;
+
+/** The defaults listed above. */
+CT_API ct_gpt_options ct_gpt_options_default(void);
+
+/** A model instance: parameters, gradients, activations (opaque). */
+typedef struct ct_gpt ct_gpt;
+
+/** Sizes of the four allocations, in bytes (optimizer: what a trainer adds, 2 x params). */
+typedef struct ct_gpt_memory {
+    size_t params, grads, activations, optimizer;
+} ct_gpt_memory;
+
+/** Create a model (weights zero: call ct_gpt_init or load them). opt NULL: the defaults.
+ *  CT_EINVAL names a bad config or option; CT_ENOMEM. *out NULL on failure. */
+CT_API ct_status ct_gpt_create(const ct_gpt_config *cfg, const ct_gpt_options *opt, ct_gpt **out);
+
+/** Free a model. NULL is a no-op. */
+CT_API void ct_gpt_free(ct_gpt *m);
+
+/** The configuration and options the model was created with. */
+CT_API const ct_gpt_config *ct_gpt_get_config(const ct_gpt *m);
+CT_API const ct_gpt_options *ct_gpt_get_options(const ct_gpt *m);
+
+/** The allocation sizes of this instance. */
+CT_API ct_gpt_memory ct_gpt_memory_sizes(const ct_gpt *m);
+
+/** Initialise the weights from a seed: normal(0, init_std) in tensor order from one ct_rng
+ *  (residual projections scaled as documented), norm weights 1. Gradients are zeroed. */
+CT_API ct_status ct_gpt_init(ct_gpt *m, uint64_t seed);
+
+/** Number of parameter tensors, and of scalars in all of them. */
+CT_API int ct_gpt_num_tensors(const ct_gpt *m);
+CT_API int64_t ct_gpt_num_params(const ct_gpt *m);
+
+/** Number of leading scalars of the flat parameter array that weight decay applies to (the
+ *  matrices; the norm weights follow them). */
+CT_API int64_t ct_gpt_num_decayed(const ct_gpt *m);
+
+/** The flat parameter and gradient arrays (ct_gpt_num_params floats each). */
+CT_API float *ct_gpt_params(ct_gpt *m);
+CT_API float *ct_gpt_grads(ct_gpt *m);
+
+/** Tensor i (0 .. num_tensors-1): its name (valid while m lives) and views of its parameter
+ *  and gradient (either out pointer may be NULL). CT_EINVAL for a bad index. */
+CT_API ct_status ct_gpt_tensor(ct_gpt *m, int i, const char **name, ct_tensor *param,
+                               ct_tensor *grad);
+
+/** Set every gradient to zero. */
+CT_API void ct_gpt_zero_grad(ct_gpt *m);
+
+/** Forward and backward on B sequences of T + 1 tokens each (tokens [B, T+1], int32: inputs
+ *  are the first T, targets the last T of each row); 1 <= B <= batch, 1 <= T <= seq.
+ *  *loss (may be NULL) receives the mean training loss (with the z-loss and smoothing of the
+ *  options). Gradients are ACCUMULATED: grads += grad_scale * d loss / d params (pass
+ *  1 / micro-batches for gradient accumulation). CT_EINVAL names a token outside [0, V). */
+CT_API ct_status ct_gpt_forward_backward(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T,
+                                         float grad_scale, float *loss);
+
+/** Forward only: the mean plain cross-entropy (no z-loss, no smoothing) of the same batch
+ *  layout into *loss. Gradients are untouched. */
+CT_API ct_status ct_gpt_forward(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T,
+                                float *loss);
+
+/** Next-token logits [V] after one sequence tokens[T] (1 <= T <= seq), into logits. */
+CT_API ct_status ct_gpt_next_logits(ct_gpt *m, const int32_t *tokens, int64_t T, float *logits);
+
+/** Load the parameters named as above from a tensor file (f32 or any float dtype, converted).
+ *  CT_EFORMAT names a missing tensor or a shape that does not match the configuration. */
+CT_API ct_status ct_gpt_load_params(ct_gpt *m, const ct_tensor_file *f);
+
+/* ---- training ----------------------------------------------------------------------------- */
+
+/** Options of a training run. */
+typedef struct ct_train_options {
+    uint64_t seed;      /**< weights and data order; default 1 */
+    int64_t batch;      /**< sequences per micro-batch; default 8 */
+    int64_t seq;        /**< tokens per sequence, 1 .. context; 0 (default): context */
+    int64_t accum;      /**< micro-batches per optimizer step (gradient accumulation); default 1 */
+    int64_t steps;      /**< optimizer steps of the schedule; default 350 */
+    int64_t warmup;     /**< warmup steps; default 20 */
+    float lr, min_lr;   /**< peak and final learning rate; default 3e-3, 3e-4 */
+    float beta1, beta2; /**< default 0.9, 0.95 */
+    float eps;          /**< default 1e-8 */
+    float weight_decay; /**< on matrices only; default 0.1 */
+    float clip;         /**< global gradient-norm clip; <= 0: none; default 1 */
+    float z_loss;       /**< default 0 */
+    float label_smoothing; /**< default 0 */
+    bool fused_head;       /**< default true */
+    bool dense_attention;  /**< default false */
+    int32_t eos_token;     /**< document masking token, -1 (default): none */
+    int64_t eval_batches;  /**< held-out micro-batches per evaluation; default 8 */
+} ct_train_options;
+
+/** The defaults listed above. */
+CT_API ct_train_options ct_train_options_default(void);
+
+/** Serialise options to compact JSON (keys are the field names) into a new NUL-terminated
+ *  string (ct_alloc'ed: release with ct_free). */
+CT_API ct_status ct_train_options_to_json(const ct_train_options *opt, char **json);
+
+/** Parse JSON of ct_train_options_to_json: absent keys keep *opt's values. CT_EFORMAT names an
+ *  unknown key or a value of the wrong type. */
+CT_API ct_status ct_train_options_from_json(const char *json, ct_train_options *opt);
+
+/** A training run: model, AdamW moments, step, data position and random state (opaque). */
+typedef struct ct_trainer ct_trainer;
+
+/** What a step did. */
+typedef struct ct_train_step_info {
+    int64_t step;     /**< the step just taken (1-based) */
+    float loss;       /**< mean training loss over its micro-batches */
+    float lr;         /**< learning rate used */
+    double grad_norm; /**< global gradient norm before clipping */
+    int64_t tokens;   /**< tokens processed by the step */
+    int64_t epoch;    /**< passes over the training tokens started so far (0-based) */
+} ct_train_step_info;
+
+/** Create a trainer: a model initialised from opt->seed and zero moments. train[n_train] and
+ *  eval[n_eval] are borrowed (they must outlive the trainer); each needs at least seq + 1 tokens
+ *  (eval may be NULL with n_eval 0: no evaluation). CT_EINVAL names a bad option, a config that
+ *  does not fit, or a token outside the vocabulary (the first one found). */
+CT_API ct_status ct_trainer_create(const ct_gpt_config *cfg, const ct_train_options *opt,
+                                   const int32_t *train, int64_t n_train, const int32_t *eval,
+                                   int64_t n_eval, ct_trainer **out);
+
+/** Free a trainer. NULL is a no-op. */
+CT_API void ct_trainer_free(ct_trainer *t);
+
+/** The model being trained. */
+CT_API ct_gpt *ct_trainer_model(ct_trainer *t);
+
+/** Optimizer steps taken so far. */
+CT_API int64_t ct_trainer_step_count(const ct_trainer *t);
+
+/** Run one optimizer step: accum micro-batches of forward + backward, clipping, AdamW at the
+ *  scheduled learning rate. info may be NULL. */
+CT_API ct_status ct_trainer_step(ct_trainer *t, ct_train_step_info *info);
+
+/** Mean held-out loss (plain cross-entropy) over eval_batches micro-batches of consecutive,
+ *  non-overlapping windows from the start of the held-out tokens (the same every time).
+ *  CT_EINVAL when the trainer has no held-out tokens. */
+CT_API ct_status ct_trainer_evaluate(ct_trainer *t, float *loss);
+
+/** Save a checkpoint (safetensors, atomic): the parameters under their names, the AdamW
+ *  moments as optimizer.exp_avg.<name> / optimizer.exp_avg_sq.<name>, and metadata
+ *  "format" = "ctorch-gpt", "config" (JSON), "train" (JSON of the options), "step", "epoch",
+ *  "data_pos", "rng" (4 hex words), plus n_extra caller pairs (keys must differ from those). */
+CT_API ct_status ct_trainer_save(const ct_trainer *t, const char *path, size_t n_extra,
+                                 const char *const *keys, const char *const *values);
+
+/** Restore a checkpoint saved by ct_trainer_save into a trainer created with the same
+ *  configuration, options and data: parameters, moments, step, epoch, data position and random
+ *  state, so training continues exactly as if never interrupted. CT_EFORMAT names what does not
+ *  match (not a ctorch-gpt checkpoint, another configuration, a missing tensor, a bad field);
+ *  CT_EIO / CT_EFORMAT from opening the file. After a failure the trainer's weights may be
+ *  partly overwritten: free it. */
+CT_API ct_status ct_trainer_load(ct_trainer *t, const char *path);
+
+/** Read the "config" metadata of a checkpoint file into *cfg. CT_EFORMAT if absent or bad. */
+CT_API ct_status ct_gpt_checkpoint_config(const ct_tensor_file *f, ct_gpt_config *cfg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,104 @@
+/*
+ * ctorch/tokenizer.h - a byte-level BPE tokenizer: trained on any text, saved as JSON.
+ *
+ * Token ids: 0 .. 255 are the bytes, 256 .. 256+M-1 the M learned merges in the order they
+ * were learned (merge i joins two earlier tokens into token 256 + i), and the last id, 256 + M,
+ * is the end-of-text token EOS, written "<|endoftext|>" in text. Every byte string encodes
+ * (byte level: nothing is unknown) and decode(encode(x)) == x for every input.
+ *
+ * Pre-tokenisation (merges never cross a piece boundary): the text is split at each
+ * "<|endoftext|>" (which becomes EOS), then into pieces, each optionally preceded by ONE space:
+ * a run of letters (ASCII letters and every byte >= 0x80, so UTF-8 letters of any script stay
+ * together), a run of digits, or a run of other printable characters; whitespace that does not
+ * precede such a piece forms pieces of its own (a run of spaces leaves its last space to the
+ * next piece, as GPT-2 does; line breaks are kept apart from spaces).
+ *
+ * Training (Sennrich et al. 2016 on the piece counts): repeatedly merge the most frequent
+ * adjacent pair of tokens, ties broken by the smaller (left, right) ids, until the vocabulary
+ * is full or no pair occurs min_frequency times. Deterministic: the same text and options give
+ * the same merges on every machine. Encoding applies, inside each piece, the merge of lowest
+ * rank among the adjacent pairs until none applies (the GPT-2 procedure).
+ *
+ * File format (JSON): {"format": "ctorch-bpe", "version": 1, "vocab_size": N,
+ * "eos": "<|endoftext|>", "merges": [[left, right], ...]}.
+ */
+#ifndef CTORCH_TOKENIZER_H
+#define CTORCH_TOKENIZER_H
+
+#include "ctorch/core.h"
+#include <stdbool.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** The text of the end-of-text token. */
+#define CT_TOKENIZER_EOS_TEXT "<|endoftext|>"
+
+/** A trained tokenizer (opaque, immutable: usable from several threads at once). */
+typedef struct ct_tokenizer ct_tokenizer;
+
+/** Options of ct_tokenizer_train. */
+typedef struct ct_bpe_options {
+    int64_t vocab_size;    /**< target size including the 256 bytes and EOS: 257 .. 1048576;
+                                default 4096 */
+    int64_t min_frequency; /**< stop when the best pair occurs fewer times; >= 1, default 2 */
+} ct_bpe_options;
+
+/** The defaults listed above. */
+CT_API ct_bpe_options ct_bpe_options_default(void);
+
+/** Learn merges from len bytes of text (any bytes; text may be NULL when len == 0). opt NULL:
+ *  the defaults. The vocabulary can end smaller than asked when the text runs out of pairs.
+ *  CT_EINVAL (bad option), CT_ENOMEM. *out is NULL on failure; free with ct_tokenizer_free. */
+CT_API ct_status ct_tokenizer_train(const char *text, size_t len, const ct_bpe_options *opt,
+                                    ct_tokenizer **out);
+
+/** Free a tokenizer. NULL is a no-op. */
+CT_API void ct_tokenizer_free(ct_tokenizer *t);
+
+/** Vocabulary size (256 + merges + 1). */
+CT_API int64_t ct_tokenizer_vocab_size(const ct_tokenizer *t);
+
+/** Id of the EOS token (the last id). */
+CT_API int32_t ct_tokenizer_eos(const ct_tokenizer *t);
+
+/** Bytes of token `id` into *bytes / *len (pointers valid while t lives). CT_EINVAL for an id
+ *  outside the vocabulary. */
+CT_API ct_status ct_tokenizer_token_bytes(const ct_tokenizer *t, int32_t id, const char **bytes,
+                                          size_t *len);
+
+/** Encode len bytes of text into a new array *ids of *n tokens (ct_alloc'ed: release with
+ *  ct_free; never NULL on success, even for n == 0). "<|endoftext|>" becomes EOS. */
+CT_API ct_status ct_tokenizer_encode(const ct_tokenizer *t, const char *text, size_t len,
+                                     int32_t **ids, int64_t *n);
+
+/** Decode n tokens into a new NUL-terminated string *text of *len bytes (ct_alloc'ed: release
+ *  with ct_free). EOS decodes to "<|endoftext|>". CT_EINVAL names an id outside the
+ *  vocabulary. */
+CT_API ct_status ct_tokenizer_decode(const ct_tokenizer *t, const int32_t *ids, int64_t n,
+                                     char **text, size_t *len);
+
+/** Serialise to the JSON of the file format into a new NUL-terminated string *json
+ *  (ct_alloc'ed: release with ct_free). */
+CT_API ct_status ct_tokenizer_to_json(const ct_tokenizer *t, char **json);
+
+/** Parse the JSON of the file format (len bytes). CT_EFORMAT names what is wrong (not JSON,
+ *  wrong "format", a merge referring to a later token, a vocab_size that does not match). */
+CT_API ct_status ct_tokenizer_from_json(const char *json, size_t len, ct_tokenizer **out);
+
+/** Write the JSON file at path (through a temporary file renamed over it). CT_EIO names the
+ *  system call that failed. */
+CT_API ct_status ct_tokenizer_save(const ct_tokenizer *t, const char *path);
+
+/** Read a tokenizer file. CT_EIO (cannot read), CT_EFORMAT as ct_tokenizer_from_json. */
+CT_API ct_status ct_tokenizer_load(const char *path, ct_tokenizer **out);
+
+/** Whether len bytes are valid UTF-8 (no overlong forms, surrogates or values past U+10FFFF).
+ *  On false, *bad_offset (may be NULL) receives the offset of the first invalid byte. */
+CT_API bool ct_utf8_valid(const char *text, size_t len, size_t *bad_offset);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

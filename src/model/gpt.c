@@ -1,0 +1,646 @@
+/* The GPT model of include/ctorch/model.h: size tables, initialisation, and the forward and
+ * backward as layer pairs on the library's kernels (llm.c style: raw arrays, shapes stated). */
+#include "model/gpt_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+ct_gpt_options ct_gpt_options_default(void)
+{
+    ct_gpt_options o = {8, 0, true, false, -1, 0.0f, 0.0f, 0};
+    return o;
+}
+
+/* ---- size tables ------------------------------------------------------------------------ */
+
+/* a * b, saturated at SIZE_MAX (carve then reports the overflow). */
+static size_t sat(size_t a, size_t b)
+{
+    size_t r;
+    return ct_mul_size(a, b, &r) ? r : SIZE_MAX;
+}
+
+/* One allocation for n arrays: slot i gets bytes[i] bytes at a 64-byte aligned offset. */
+static ct_status carve(void **base, size_t *total, void ***slots, const size_t *bytes, int n)
+{
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        size_t a = (off + 63) & ~(size_t)63;
+        if (a < off || !ct_add_size(a, bytes[i], &off))
+            return ct_error(CT_EOVERFLOW, "ct_gpt_create: activation sizes overflow");
+    }
+    CT_TRY(ct_alloc(base, off ? off : 64));
+    *total = off;
+    off = 0;
+    for (int i = 0; i < n; i++) {
+        off = (off + 63) & ~(size_t)63;
+        *slots[i] = (char *)*base + off;
+        off += bytes[i];
+    }
+    return CT_OK;
+}
+
+/* Register parameter tensor `name` of shape [r] or [r, c] at the next flat offset. */
+static void add_tensor(ct_gpt *m, const char *name, int64_t r, int64_t c)
+{
+    gpt_tensor *t = &m->tensors[m->ntensors++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->ndim = c ? 2 : 1;
+    t->shape[0] = r;
+    t->shape[1] = c;
+    t->offset = m->nparams;
+    t->numel = c ? r * c : r;
+    t->decay = c != 0;
+    m->nparams += t->numel;
+}
+
+static void tensor_table(ct_gpt *m)
+{
+    const ct_gpt_config *c = &m->cfg;
+    int64_t C = c->d_model, E = C / c->n_head, HE = c->n_head * E, KE = c->n_kv_head * E,
+            F = c->d_ff;
+    char nm[80];
+    add_tensor(m, "tok_embeddings.weight", c->vocab_size, C);
+    if (!c->tied) add_tensor(m, "output.weight", c->vocab_size, C);
+    for (int64_t l = 0; l < c->n_layer; l++) {
+        snprintf(nm, sizeof nm, "layers.%lld.attention.wq.weight", (long long)l);
+        add_tensor(m, nm, HE, C);
+        snprintf(nm, sizeof nm, "layers.%lld.attention.wk.weight", (long long)l);
+        add_tensor(m, nm, KE, C);
+        snprintf(nm, sizeof nm, "layers.%lld.attention.wv.weight", (long long)l);
+        add_tensor(m, nm, KE, C);
+        snprintf(nm, sizeof nm, "layers.%lld.attention.wo.weight", (long long)l);
+        add_tensor(m, nm, C, HE);
+        snprintf(nm, sizeof nm, "layers.%lld.feed_forward.w_gate_up.weight", (long long)l);
+        add_tensor(m, nm, 2 * F, C);
+        snprintf(nm, sizeof nm, "layers.%lld.feed_forward.w_down.weight", (long long)l);
+        add_tensor(m, nm, C, F);
+    }
+    m->ndecay = m->nparams;
+    for (int64_t l = 0; l < c->n_layer; l++) {
+        snprintf(nm, sizeof nm, "layers.%lld.attention_norm.weight", (long long)l);
+        add_tensor(m, nm, C, 0);
+        snprintf(nm, sizeof nm, "layers.%lld.ffn_norm.weight", (long long)l);
+        add_tensor(m, nm, C, 0);
+    }
+    add_tensor(m, "norm.weight", C, 0);
+}
+
+/* Point the per-layer views at the flat arrays (base = params or grads). */
+static void bind(const ct_gpt *m, float *base, gpt_weights *w)
+{
+    int k = 0;
+    w->emb = base + m->tensors[k++].offset;
+    w->out = m->cfg.tied ? w->emb : base + m->tensors[k++].offset;
+    for (int64_t l = 0; l < m->cfg.n_layer; l++) {
+        gpt_layer *L = &w->layer[l];
+        L->wq = base + m->tensors[k++].offset;
+        L->wk = base + m->tensors[k++].offset;
+        L->wv = base + m->tensors[k++].offset;
+        L->wo = base + m->tensors[k++].offset;
+        L->wgu = base + m->tensors[k++].offset;
+        L->wdown = base + m->tensors[k++].offset;
+    }
+    for (int64_t l = 0; l < m->cfg.n_layer; l++) {
+        w->layer[l].norm1 = base + m->tensors[k++].offset;
+        w->layer[l].norm2 = base + m->tensors[k++].offset;
+    }
+    w->norm = base + m->tensors[k].offset;
+}
+
+static ct_status check_options(const ct_gpt_config *c, ct_gpt_options *o)
+{
+    if (o->seq == 0) o->seq = c->context;
+    if (o->batch < 1 || o->batch > (1 << 20))
+        return ct_error(CT_EINVAL, "ct_gpt_create: batch must be in [1, 2^20], got %lld",
+                        (long long)o->batch);
+    if (o->seq < 1 || o->seq > c->context)
+        return ct_error(CT_EINVAL, "ct_gpt_create: seq must be in [1, context = %lld], got %lld",
+                        (long long)c->context, (long long)o->seq);
+    if (o->eos_token >= c->vocab_size)
+        return ct_error(CT_EINVAL,
+                        "ct_gpt_create: eos_token %d is outside the vocabulary [0, %lld)",
+                        o->eos_token, (long long)c->vocab_size);
+    if (!(o->z_loss >= 0) || !(o->label_smoothing >= 0 && o->label_smoothing <= 1))
+        return ct_error(
+            CT_EINVAL, "ct_gpt_create: need z_loss >= 0 and label_smoothing in [0, 1] (got %g, %g)",
+            o->z_loss, o->label_smoothing);
+    return CT_OK;
+}
+
+ct_status ct_gpt_create(const ct_gpt_config *cfg, const ct_gpt_options *opt, ct_gpt **out)
+{
+    if (!out) return ct_error(CT_EINVAL, "ct_gpt_create: out must not be NULL");
+    *out = NULL;
+    CT_TRY(ct_gpt_config_check(cfg));
+    ct_gpt_options o = opt ? *opt : ct_gpt_options_default();
+    CT_TRY(check_options(cfg, &o));
+    ct_gpt *m;
+    CT_TRY(ct_calloc((void **)&m, sizeof *m));
+    m->cfg = *cfg;
+    m->opt = o;
+    int64_t L = cfg->n_layer;
+    ct_status s;
+    if ((s = ct_calloc((void **)&m->tensors, (size_t)(3 + 8 * L) * sizeof(gpt_tensor))) ||
+        (s = ct_calloc((void **)&m->w.layer, (size_t)L * sizeof(gpt_layer))) ||
+        (s = ct_calloc((void **)&m->g.layer, (size_t)L * sizeof(gpt_layer)))) {
+        ct_gpt_free(m);
+        return s;
+    }
+    tensor_table(m);
+    size_t pbytes;
+    if (!ct_mul_size((size_t)m->nparams, sizeof(float), &pbytes)) {
+        ct_gpt_free(m);
+        return ct_error(CT_EOVERFLOW, "ct_gpt_create: parameter count overflows");
+    }
+    if ((s = ct_calloc((void **)&m->params, pbytes)) ||
+        (s = ct_calloc((void **)&m->grads, pbytes))) {
+        ct_gpt_free(m);
+        return s;
+    }
+    bind(m, m->params, &m->w);
+    bind(m, m->grads, &m->g);
+
+    /* the activation table: [B T] rows of each quantity the backward needs, per layer */
+    size_t B = (size_t)o.batch, T = (size_t)o.seq, N = sat(B, T);
+    size_t C = (size_t)cfg->d_model, E = C / (size_t)cfg->n_head, HE = (size_t)cfg->n_head * E;
+    size_t KE = (size_t)cfg->n_kv_head * E, F = (size_t)cfg->d_ff, Ls = (size_t)L;
+    size_t V = (size_t)cfg->vocab_size, Nf = sat(N, sizeof(float)), LNf = sat(Ls, Nf);
+    size_t NC = sat(Nf, C), LNC = sat(LNf, C); /* bytes of [N, C] and [L][N, C] */
+    gpt_acts *a = &m->a;
+    void **slots[] = {
+        (void **)&a->inp,     (void **)&a->tgt,   (void **)&a->doc,   (void **)&a->resid,
+        (void **)&a->x2,      (void **)&a->ln1,   (void **)&a->rstd1, (void **)&a->q,
+        (void **)&a->k,       (void **)&a->v,     (void **)&a->att,   (void **)&a->lse,
+        (void **)&a->ln2,     (void **)&a->rstd2, (void **)&a->gu,    (void **)&a->hb,
+        (void **)&a->lnf,     (void **)&a->rstdf, (void **)&a->dres,  (void **)&a->dtmp,
+        (void **)&a->dln,     (void **)&a->dq,    (void **)&a->dk,    (void **)&a->dv,
+        (void **)&a->datt,    (void **)&a->dgu,   (void **)&a->dh,    (void **)&a->logits,
+        (void **)&a->dlogits, (void **)&a->dmask};
+    size_t bytes[] = {Nf,
+                      Nf,
+                      Nf,
+                      sat(Ls + 1, NC),
+                      LNC,
+                      LNC,
+                      LNf,
+                      sat(LNf, HE),
+                      sat(LNf, KE),
+                      sat(LNf, KE),
+                      sat(LNf, HE),
+                      sat(LNf, (size_t)cfg->n_head),
+                      LNC,
+                      LNf,
+                      sat(LNf, 2 * F),
+                      sat(LNf, F),
+                      NC,
+                      Nf,
+                      NC,
+                      NC,
+                      NC,
+                      sat(Nf, HE),
+                      sat(Nf, KE),
+                      sat(Nf, KE),
+                      sat(Nf, HE),
+                      sat(Nf, 2 * F),
+                      sat(Nf, F),
+                      o.fused_head ? 0 : sat(Nf, V),
+                      o.fused_head ? 0 : sat(Nf, V),
+                      o.dense_attention ? sat(B, sat(T, T)) : 0};
+    if ((s = carve(&m->acts, &m->acts_bytes, slots, bytes,
+                   (int)(sizeof bytes / sizeof bytes[0])))) {
+        ct_gpt_free(m);
+        return s;
+    }
+    s = cfg->window ? ct_mask_mod_sliding_window(cfg->window, true, &m->base_mask)
+                    : ct_mask_mod_causal(&m->base_mask);
+    if (s) {
+        ct_gpt_free(m);
+        return s;
+    }
+    *out = m;
+    return CT_OK;
+}
+
+static void free_masks(ct_gpt *m)
+{
+    ct_block_mask_free(m->bm);
+    m->bm = NULL;
+    ct_mask_mod_free(&m->and_mask);
+    ct_mask_mod_free(&m->doc_mask);
+    m->bm_T = 0;
+}
+
+void ct_gpt_free(ct_gpt *m)
+{
+    if (!m) return;
+    free_masks(m);
+    ct_mask_mod_free(&m->base_mask);
+    ct_free(m->acts);
+    ct_free(m->params);
+    ct_free(m->grads);
+    ct_free(m->w.layer);
+    ct_free(m->g.layer);
+    ct_free(m->tensors);
+    ct_free(m);
+}
+
+const ct_gpt_config *ct_gpt_get_config(const ct_gpt *m)
+{
+    return &m->cfg;
+}
+
+const ct_gpt_options *ct_gpt_get_options(const ct_gpt *m)
+{
+    return &m->opt;
+}
+
+ct_gpt_memory ct_gpt_memory_sizes(const ct_gpt *m)
+{
+    size_t p = (size_t)m->nparams * sizeof(float);
+    ct_gpt_memory r = {p, p, m->acts_bytes, 2 * p};
+    return r;
+}
+
+int ct_gpt_num_tensors(const ct_gpt *m)
+{
+    return m->ntensors;
+}
+
+int64_t ct_gpt_num_params(const ct_gpt *m)
+{
+    return m->nparams;
+}
+
+int64_t ct_gpt_num_decayed(const ct_gpt *m)
+{
+    return m->ndecay;
+}
+
+float *ct_gpt_params(ct_gpt *m)
+{
+    return m->params;
+}
+
+float *ct_gpt_grads(ct_gpt *m)
+{
+    return m->grads;
+}
+
+ct_status ct_gpt_tensor(ct_gpt *m, int i, const char **name, ct_tensor *param, ct_tensor *grad)
+{
+    if (!m || i < 0 || i >= m->ntensors)
+        return ct_error(CT_EINVAL, "ct_gpt_tensor: index %d is outside [0, %d)", i,
+                        m ? m->ntensors : 0);
+    const gpt_tensor *t = &m->tensors[i];
+    if (name) *name = t->name;
+    if (param)
+        CT_TRY(ct_tensor_wrap(param, m->params + t->offset, CT_DTYPE_F32, t->ndim, t->shape, NULL));
+    if (grad)
+        CT_TRY(ct_tensor_wrap(grad, m->grads + t->offset, CT_DTYPE_F32, t->ndim, t->shape, NULL));
+    return CT_OK;
+}
+
+void ct_gpt_zero_grad(ct_gpt *m)
+{
+    memset(m->grads, 0, (size_t)m->nparams * sizeof(float));
+}
+
+ct_status ct_gpt_init(ct_gpt *m, uint64_t seed)
+{
+    if (!m) return ct_error(CT_EINVAL, "ct_gpt_init: m must not be NULL");
+    ct_rng r;
+    ct_rng_seed(&r, seed);
+    float std = m->cfg.init_std > 0 ? m->cfg.init_std : 1.0f / sqrtf((float)m->cfg.d_model);
+    float proj = std / sqrtf(2.0f * (float)m->cfg.n_layer);
+    for (int i = 0; i < m->ntensors; i++) {
+        const gpt_tensor *t = &m->tensors[i];
+        float *p = m->params + t->offset;
+        if (!t->decay) {
+            for (int64_t j = 0; j < t->numel; j++)
+                p[j] = 1.0f;
+            continue;
+        }
+        bool residual = strstr(t->name, ".wo.") || strstr(t->name, ".w_down.");
+        float s = residual ? proj : std;
+        for (int64_t j = 0; j < t->numel; j++)
+            p[j] = s * ct_rng_normal(&r);
+    }
+    ct_gpt_zero_grad(m);
+    return CT_OK;
+}
+
+ct_status ct_gpt_load_params(ct_gpt *m, const ct_tensor_file *f)
+{
+    if (!m || !f) return ct_error(CT_EINVAL, "ct_gpt_load_params: arguments must not be NULL");
+    for (int i = 0; i < m->ntensors; i++) {
+        const gpt_tensor *t = &m->tensors[i];
+        size_t idx;
+        if (ct_tensor_file_find(f, t->name, &idx) != CT_OK)
+            return ct_error(CT_EFORMAT, "checkpoint: tensor '%s' is missing", t->name);
+        ct_tensor_info info;
+        CT_TRY(ct_tensor_file_info(f, idx, &info));
+        bool same = info.ndim == t->ndim;
+        for (int d = 0; same && d < t->ndim; d++)
+            same = info.shape[d] == t->shape[d];
+        if (!same) {
+            char want[48];
+            if (t->ndim == 2)
+                snprintf(want, sizeof want, "[%lld, %lld]", (long long)t->shape[0],
+                         (long long)t->shape[1]);
+            else
+                snprintf(want, sizeof want, "[%lld]", (long long)t->shape[0]);
+            return ct_error(CT_EFORMAT,
+                            "checkpoint: tensor '%s' has another shape than the configuration's %s",
+                            t->name, want);
+        }
+        ct_tensor dst;
+        CT_TRY(ct_tensor_wrap(&dst, m->params + t->offset, CT_DTYPE_F32, t->ndim, t->shape, NULL));
+        CT_TRY(ct_tensor_file_read_into(f, idx, &dst));
+    }
+    return CT_OK;
+}
+
+/* ---- attention ------------------------------------------------------------------------------ */
+
+/* [B, heads, T, E] view of a [B, T, heads, E] array. */
+static ct_status head_view(ct_tensor *t, float *data, int64_t B, int64_t T, int64_t heads,
+                           int64_t E)
+{
+    int64_t shape[4] = {B, heads, T, E}, strides[4] = {T * heads * E, E, heads * E, 1};
+    return ct_tensor_wrap(t, data, CT_DTYPE_F32, 4, shape, strides);
+}
+
+/* Document ids of the current batch: the id grows after each EOS token. */
+static void doc_ids(ct_gpt *m, int64_t B, int64_t T)
+{
+    for (int64_t b = 0; b < B; b++) {
+        int32_t d = 0;
+        for (int64_t t = 0; t < T; t++) {
+            m->a.doc[b * T + t] = d;
+            if (m->a.inp[b * T + t] == m->opt.eos_token) d++;
+        }
+    }
+}
+
+/* Build what attention needs for this batch: the block mask (flex) or the dense mask. */
+static ct_status prepare_mask(ct_gpt *m, int64_t B, int64_t T)
+{
+    bool docs = m->opt.eos_token >= 0;
+    int64_t W = m->cfg.window;
+    if (docs) doc_ids(m, B, T);
+    if (m->opt.dense_attention) {
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t i = 0; i < T; i++) {
+                uint8_t *row = m->a.dmask + (b * T + i) * T;
+                for (int64_t j = 0; j < T; j++)
+                    row[j] = j <= i && (W == 0 || i - j <= W) &&
+                             (!docs || m->a.doc[b * T + i] == m->a.doc[b * T + j]);
+            }
+        return CT_OK;
+    }
+    if (!docs && m->bm && m->bm_T == T) return CT_OK; /* the same causal mask as last time */
+    free_masks(m);
+    const ct_mask_mod *mm = &m->base_mask;
+    if (docs) {
+        CT_TRY(ct_mask_mod_document(m->a.doc, NULL, B, T, T, &m->doc_mask));
+        ct_mask_mod two[2] = {m->base_mask, m->doc_mask};
+        CT_TRY(ct_mask_mod_and(two, 2, &m->and_mask));
+        mm = &m->and_mask;
+    }
+    int64_t bs = T <= 256 ? 64 : 128;
+    CT_TRY(ct_block_mask_create(mm, B, m->cfg.n_head, T, T, bs, &m->bm));
+    m->bm_T = docs ? 0 : T;
+    return CT_OK;
+}
+
+static ct_status attention_forward(ct_gpt *m, int l, int64_t B, int64_t T)
+{
+    const ct_gpt_config *c = &m->cfg;
+    int64_t E = c->d_model / c->n_head, H = c->n_head, K = c->n_kv_head, N = B * T;
+    size_t lo = (size_t)l * (size_t)N;
+    ct_tensor q, k, v, o, lse;
+    CT_TRY(head_view(&q, m->a.q + lo * H * E, B, T, H, E));
+    CT_TRY(head_view(&k, m->a.k + lo * K * E, B, T, K, E));
+    CT_TRY(head_view(&v, m->a.v + lo * K * E, B, T, K, E));
+    CT_TRY(head_view(&o, m->a.att + lo * H * E, B, T, H, E));
+    int64_t ls[3] = {B, H, T};
+    CT_TRY(ct_tensor_wrap(&lse, m->a.lse + lo * H, CT_DTYPE_F32, 3, ls, NULL));
+    if (m->opt.dense_attention) {
+        ct_sdpa_options so = ct_sdpa_options_default();
+        ct_tensor mask;
+        if (c->window == 0 && m->opt.eos_token < 0) {
+            so.is_causal = true;
+        } else {
+            int64_t ms[4] = {B, 1, T, T};
+            CT_TRY(ct_tensor_wrap(&mask, m->a.dmask, CT_DTYPE_BOOL, 4, ms, NULL));
+            so.attn_mask = &mask;
+        }
+        return ct_sdpa_forward(&q, &k, &v, &so, &o, &lse);
+    }
+    return ct_flex_attention_forward(&q, &k, &v, m->bm, NULL, &o, &lse);
+}
+
+static ct_status attention_backward(ct_gpt *m, int l, int64_t B, int64_t T)
+{
+    const ct_gpt_config *c = &m->cfg;
+    int64_t E = c->d_model / c->n_head, H = c->n_head, K = c->n_kv_head, N = B * T;
+    size_t lo = (size_t)l * (size_t)N;
+    ct_tensor q, k, v, o, lse, dout, dq, dk, dv;
+    CT_TRY(head_view(&q, m->a.q + lo * H * E, B, T, H, E));
+    CT_TRY(head_view(&k, m->a.k + lo * K * E, B, T, K, E));
+    CT_TRY(head_view(&v, m->a.v + lo * K * E, B, T, K, E));
+    CT_TRY(head_view(&o, m->a.att + lo * H * E, B, T, H, E));
+    CT_TRY(head_view(&dout, m->a.datt, B, T, H, E));
+    CT_TRY(head_view(&dq, m->a.dq, B, T, H, E));
+    CT_TRY(head_view(&dk, m->a.dk, B, T, K, E));
+    CT_TRY(head_view(&dv, m->a.dv, B, T, K, E));
+    int64_t ls[3] = {B, H, T};
+    CT_TRY(ct_tensor_wrap(&lse, m->a.lse + lo * H, CT_DTYPE_F32, 3, ls, NULL));
+    if (m->opt.dense_attention) {
+        ct_sdpa_options so = ct_sdpa_options_default();
+        ct_tensor mask;
+        if (c->window == 0 && m->opt.eos_token < 0) {
+            so.is_causal = true;
+        } else {
+            int64_t ms[4] = {B, 1, T, T};
+            CT_TRY(ct_tensor_wrap(&mask, m->a.dmask, CT_DTYPE_BOOL, 4, ms, NULL));
+            so.attn_mask = &mask;
+        }
+        return ct_sdpa_backward(&q, &k, &v, &o, &lse, &dout, &so, &dq, &dk, &dv);
+    }
+    return ct_flex_attention_backward(&q, &k, &v, &o, &lse, &dout, m->bm, NULL, &dq, &dk, &dv);
+}
+
+/* ---- forward ------------------------------------------------------------------------------- */
+
+static ct_status load_batch(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T, const char *fn)
+{
+    if (!m || !tokens) return ct_error(CT_EINVAL, "%s: m and tokens must not be NULL", fn);
+    if (B < 1 || B > m->opt.batch)
+        return ct_error(CT_EINVAL, "%s: B must be in [1, batch = %lld], got %lld", fn,
+                        (long long)m->opt.batch, (long long)B);
+    if (T < 1 || T > m->opt.seq)
+        return ct_error(CT_EINVAL, "%s: T must be in [1, seq = %lld], got %lld", fn,
+                        (long long)m->opt.seq, (long long)T);
+    int64_t V = m->cfg.vocab_size;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t <= T; t++) {
+            int32_t x = tokens[b * (T + 1) + t];
+            if (x < 0 || x >= V)
+                return ct_error(CT_EINVAL,
+                                "%s: tokens[%lld][%lld] = %d is outside the vocabulary [0, %lld)",
+                                fn, (long long)b, (long long)t, x, (long long)V);
+            if (t < T) m->a.inp[b * T + t] = x;
+            if (t > 0) m->a.tgt[b * T + t - 1] = x;
+        }
+    return CT_OK;
+}
+
+/* Embedding and every layer, then the final norm into lnf: inputs already in a.inp. */
+static ct_status forward_body(ct_gpt *m, int64_t B, int64_t T)
+{
+    const ct_gpt_config *c = &m->cfg;
+    int64_t N = B * T, C = c->d_model, E = C / c->n_head, H = c->n_head, K = c->n_kv_head;
+    int64_t HE = H * E, KE = K * E, F = c->d_ff;
+    gpt_acts *a = &m->a;
+    CT_TRY(prepare_mask(m, B, T));
+    CT_TRY(ct_embedding_forward(a->resid, a->inp, CT_DTYPE_I32, m->w.emb, N, c->vocab_size, C));
+    for (int64_t l = 0; l < c->n_layer; l++) {
+        const gpt_layer *w = &m->w.layer[l];
+        size_t lo = (size_t)l * (size_t)N;
+        float *x = a->resid + lo * C, *x2 = a->x2 + lo * C, *out = a->resid + (lo + N) * C;
+        float *ln1 = a->ln1 + lo * C, *ln2 = a->ln2 + lo * C, *q = a->q + lo * HE,
+              *k = a->k + lo * KE;
+        float *v = a->v + lo * KE, *att = a->att + lo * HE, *gu = a->gu + lo * 2 * F,
+              *h = a->hb + lo * F;
+        /* attention block: x2 = x + attention(rope(q), rope(k), v) wo^T */
+        CT_TRY(ct_rmsnorm_forward(ln1, a->rstd1 + lo, x, w->norm1, N, C, c->norm_eps));
+        CT_TRY(ct_linear_forward(q, ln1, w->wq, NULL, N, C, HE));
+        CT_TRY(ct_linear_forward(k, ln1, w->wk, NULL, N, C, KE));
+        CT_TRY(ct_linear_forward(v, ln1, w->wv, NULL, N, C, KE));
+        CT_TRY(ct_rope_forward(q, q, NULL, B, T, H, E, c->rope_base));
+        CT_TRY(ct_rope_forward(k, k, NULL, B, T, K, E, c->rope_base));
+        CT_TRY(attention_forward(m, (int)l, B, T));
+        memcpy(x2, x, (size_t)(N * C) * sizeof(float));
+        CT_TRY(ct_gemm_f32(false, true, N, C, HE, 1.0f, att, HE, w->wo, HE, 1.0f, x2, C));
+        /* MLP block: out = x2 + swiglu(rmsnorm(x2) w_gate_up^T) w_down^T */
+        CT_TRY(ct_rmsnorm_forward(ln2, a->rstd2 + lo, x2, w->norm2, N, C, c->norm_eps));
+        CT_TRY(ct_linear_forward(gu, ln2, w->wgu, NULL, N, C, 2 * F));
+        CT_TRY(ct_swiglu_forward(h, gu, N, F));
+        memcpy(out, x2, (size_t)(N * C) * sizeof(float));
+        CT_TRY(ct_gemm_f32(false, true, N, C, F, 1.0f, h, F, w->wdown, F, 1.0f, out, C));
+    }
+    return ct_rmsnorm_forward(a->lnf, a->rstdf, a->resid + (size_t)c->n_layer * N * C, m->w.norm, N,
+                              C, c->norm_eps);
+}
+
+static ct_ce_options loss_options(const ct_gpt *m, bool train)
+{
+    ct_ce_options o = ct_ce_options_default();
+    if (train) {
+        o.z_loss = m->opt.z_loss;
+        o.label_smoothing = m->opt.label_smoothing;
+    }
+    if (m->opt.lce_scratch_bytes) o.scratch_bytes = m->opt.lce_scratch_bytes;
+    return o;
+}
+
+ct_status ct_gpt_forward(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T, float *loss)
+{
+    CT_TRY(load_batch(m, tokens, B, T, "ct_gpt_forward"));
+    if (!loss) return ct_error(CT_EINVAL, "ct_gpt_forward: loss must not be NULL");
+    CT_TRY(forward_body(m, B, T));
+    int64_t N = B * T, C = m->cfg.d_model, V = m->cfg.vocab_size;
+    ct_ce_options o = loss_options(m, false);
+    ct_ce_outputs out = {loss, NULL, NULL};
+    if (!m->opt.fused_head) {
+        CT_TRY(ct_linear_forward(m->a.logits, m->a.lnf, m->w.out, NULL, N, C, V));
+        return ct_cross_entropy_forward(&out, m->a.logits, m->a.tgt, CT_DTYPE_I32, N, V, &o);
+    }
+    ct_lce_inputs in = {m->a.lnf, m->w.out, NULL, CT_DTYPE_F32, m->a.tgt, CT_DTYPE_I32, N, C, V};
+    return ct_linear_cross_entropy_forward(&out, &in, &o);
+}
+
+ct_status ct_gpt_next_logits(ct_gpt *m, const int32_t *tokens, int64_t T, float *logits)
+{
+    const char *fn = "ct_gpt_next_logits";
+    if (!m || !tokens || !logits) return ct_error(CT_EINVAL, "%s: arguments must not be NULL", fn);
+    if (T < 1 || T > m->opt.seq)
+        return ct_error(CT_EINVAL, "%s: T must be in [1, seq = %lld], got %lld", fn,
+                        (long long)m->opt.seq, (long long)T);
+    int64_t V = m->cfg.vocab_size, C = m->cfg.d_model;
+    for (int64_t t = 0; t < T; t++) {
+        if (tokens[t] < 0 || tokens[t] >= V)
+            return ct_error(CT_EINVAL, "%s: tokens[%lld] = %d is outside the vocabulary [0, %lld)",
+                            fn, (long long)t, tokens[t], (long long)V);
+        m->a.inp[t] = tokens[t];
+    }
+    CT_TRY(forward_body(m, 1, T));
+    return ct_linear_forward(logits, m->a.lnf + (T - 1) * C, m->w.out, NULL, 1, C, V);
+}
+
+/* ---- backward ------------------------------------------------------------------------------ */
+
+ct_status ct_gpt_forward_backward(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T,
+                                  float grad_scale, float *loss)
+{
+    CT_TRY(load_batch(m, tokens, B, T, "ct_gpt_forward_backward"));
+    CT_TRY(forward_body(m, B, T));
+    const ct_gpt_config *c = &m->cfg;
+    int64_t N = B * T, C = c->d_model, E = C / c->n_head, H = c->n_head, K = c->n_kv_head;
+    int64_t HE = H * E, KE = K * E, F = c->d_ff, V = c->vocab_size;
+    gpt_acts *a = &m->a;
+    float lossv = 0;
+    ct_ce_options o = loss_options(m, true);
+    ct_ce_outputs out = {&lossv, NULL, NULL};
+    /* head: dln = d loss / d lnf; the head weight's gradient is accumulated (tied: into the
+     * embedding's gradient, which the embedding backward adds to below) */
+    if (m->opt.fused_head) {
+        memset(a->dln, 0, (size_t)(N * C) * sizeof(float));
+        ct_lce_inputs in = {a->lnf, m->w.out, NULL, CT_DTYPE_F32, a->tgt, CT_DTYPE_I32, N, C, V};
+        ct_lce_grads g = {a->dln, m->g.out, NULL, true};
+        CT_TRY(ct_linear_cross_entropy_forward_backward(&out, &g, &grad_scale, &in, &o));
+    } else {
+        CT_TRY(ct_linear_forward(a->logits, a->lnf, m->w.out, NULL, N, C, V));
+        CT_TRY(ct_cross_entropy_forward(&out, a->logits, a->tgt, CT_DTYPE_I32, N, V, &o));
+        CT_TRY(ct_cross_entropy_backward(a->dlogits, &grad_scale, a->logits, a->tgt, CT_DTYPE_I32,
+                                         N, V, &o));
+        CT_TRY(ct_linear_backward(a->dln, m->g.out, NULL, a->dlogits, a->lnf, m->w.out, N, C, V));
+    }
+    if (loss) *loss = lossv;
+    CT_TRY(ct_rmsnorm_backward(a->dres, m->g.norm, a->dln, a->resid + (size_t)c->n_layer * N * C,
+                               m->w.norm, a->rstdf, N, C));
+    for (int64_t l = c->n_layer - 1; l >= 0; l--) {
+        const gpt_layer *w = &m->w.layer[l];
+        gpt_layer *g = &m->g.layer[l];
+        size_t lo = (size_t)l * (size_t)N;
+        float *x = a->resid + lo * C, *x2 = a->x2 + lo * C, *ln1 = a->ln1 + lo * C,
+              *ln2 = a->ln2 + lo * C;
+        float *att = a->att + lo * HE, *gu = a->gu + lo * 2 * F, *h = a->hb + lo * F;
+        /* MLP block: dres is d out; d x2 = dres + rmsnorm'(w_gate_up^T swiglu'(dres w_down)) */
+        CT_TRY(ct_gemm_f32(true, false, C, F, N, 1.0f, a->dres, C, h, F, 1.0f, g->wdown, F));
+        CT_TRY(ct_gemm_f32(false, false, N, F, C, 1.0f, a->dres, C, w->wdown, F, 0.0f, a->dh, F));
+        CT_TRY(ct_swiglu_backward(a->dgu, a->dh, gu, N, F));
+        CT_TRY(ct_linear_backward(a->dln, g->wgu, NULL, a->dgu, ln2, w->wgu, N, C, 2 * F));
+        CT_TRY(ct_rmsnorm_backward(a->dtmp, g->norm2, a->dln, x2, w->norm2, a->rstd2 + lo, N, C));
+        CT_TRY(ct_add(a->dres, a->dres, a->dtmp, N * C));
+        /* attention block: dres is d x2 */
+        CT_TRY(ct_gemm_f32(true, false, C, HE, N, 1.0f, a->dres, C, att, HE, 1.0f, g->wo, HE));
+        CT_TRY(ct_gemm_f32(false, false, N, HE, C, 1.0f, a->dres, C, w->wo, HE, 0.0f, a->datt, HE));
+        CT_TRY(attention_backward(m, (int)l, B, T));
+        CT_TRY(ct_rope_backward(a->dq, a->dq, NULL, B, T, H, E, c->rope_base));
+        CT_TRY(ct_rope_backward(a->dk, a->dk, NULL, B, T, K, E, c->rope_base));
+        CT_TRY(ct_gemm_f32(false, false, N, C, HE, 1.0f, a->dq, HE, w->wq, C, 0.0f, a->dln, C));
+        CT_TRY(ct_gemm_f32(false, false, N, C, KE, 1.0f, a->dk, KE, w->wk, C, 1.0f, a->dln, C));
+        CT_TRY(ct_gemm_f32(false, false, N, C, KE, 1.0f, a->dv, KE, w->wv, C, 1.0f, a->dln, C));
+        CT_TRY(ct_gemm_f32(true, false, HE, C, N, 1.0f, a->dq, HE, ln1, C, 1.0f, g->wq, C));
+        CT_TRY(ct_gemm_f32(true, false, KE, C, N, 1.0f, a->dk, KE, ln1, C, 1.0f, g->wk, C));
+        CT_TRY(ct_gemm_f32(true, false, KE, C, N, 1.0f, a->dv, KE, ln1, C, 1.0f, g->wv, C));
+        CT_TRY(ct_rmsnorm_backward(a->dtmp, g->norm1, a->dln, x, w->norm1, a->rstd1 + lo, N, C));
+        CT_TRY(ct_add(a->dres, a->dres, a->dtmp, N * C));
+    }
+    return ct_embedding_backward(m->g.emb, a->dres, a->inp, CT_DTYPE_I32, N, V, C,
+                                 CT_EMBEDDING_NO_PADDING);
+}

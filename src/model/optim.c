@@ -1,0 +1,143 @@
+/* AdamW, gradient norm and clipping, learning-rate schedule (include/ctorch/optim.h). */
+#include "core/internal.h"
+#include "ctorch/optim.h"
+
+#include <math.h>
+
+#define NORM_BLOCK 16384
+
+ct_adamw_options ct_adamw_options_default(void)
+{
+    ct_adamw_options o = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
+    return o;
+}
+
+typedef struct {
+    float *p, *m, *v;
+    const float *g;
+    float decay, b1, one_b1, b2, one_b2, step_size, bc2_sqrt, eps;
+} adamw_job;
+
+static void adamw_range(void *ctx, int64_t i0, int64_t i1, int tid)
+{
+    const adamw_job *j = ctx;
+    for (int64_t i = i0; i < i1; i++) {
+        float g = j->g[i];
+        float m = j->b1 * j->m[i] + j->one_b1 * g;
+        float v = j->b2 * j->v[i] + j->one_b2 * g * g;
+        j->m[i] = m;
+        j->v[i] = v;
+        float p = j->p[i] * j->decay;
+        j->p[i] = p - j->step_size * m / (sqrtf(v) / j->bc2_sqrt + j->eps);
+    }
+}
+
+ct_status ct_adamw_step(float *param, const float *grad, float *m, float *v, int64_t n,
+                        int64_t step, const ct_adamw_options *opt)
+{
+    const char *fn = "ct_adamw_step";
+    if (!opt) return ct_error(CT_EINVAL, "%s: opt must not be NULL", fn);
+    if (n < 0) return ct_error(CT_EINVAL, "%s: n must be >= 0, got %lld", fn, (long long)n);
+    if (step < 1)
+        return ct_error(CT_EINVAL, "%s: step must be >= 1 (1-based), got %lld", fn,
+                        (long long)step);
+    if (n && (!param || !grad || !m || !v))
+        return ct_error(CT_EINVAL, "%s: param, grad, m and v must not be NULL", fn);
+    if (!(opt->beta1 >= 0 && opt->beta1 < 1) || !(opt->beta2 >= 0 && opt->beta2 < 1))
+        return ct_error(CT_EINVAL, "%s: beta1 and beta2 must be in [0, 1), got %g and %g", fn,
+                        opt->beta1, opt->beta2);
+    if (!(opt->eps > 0) || !(opt->weight_decay >= 0) || !isfinite(opt->lr) || opt->lr < 0)
+        return ct_error(CT_EINVAL,
+                        "%s: need eps > 0, weight_decay >= 0 and a finite lr >= 0 (got %g, %g, %g)",
+                        fn, opt->eps, opt->weight_decay, opt->lr);
+    double b1 = opt->beta1, b2 = opt->beta2;
+    double bc1 = 1.0 - pow(b1, (double)step), bc2 = 1.0 - pow(b2, (double)step);
+    adamw_job j = {param,
+                   m,
+                   v,
+                   grad,
+                   (float)(1.0 - (double)opt->lr * opt->weight_decay),
+                   opt->beta1,
+                   (float)(1.0 - b1),
+                   opt->beta2,
+                   (float)(1.0 - b2),
+                   (float)(opt->lr / bc1),
+                   (float)sqrt(bc2),
+                   opt->eps};
+    ct_parallel_for(n, adamw_range, &j);
+    return CT_OK;
+}
+
+typedef struct {
+    const float *g;
+    int64_t n;
+    double *part;
+} norm_job;
+
+static void norm_blocks(void *ctx, int64_t b0, int64_t b1, int tid)
+{
+    const norm_job *j = ctx;
+    for (int64_t b = b0; b < b1; b++) {
+        int64_t s = b * NORM_BLOCK, e = s + NORM_BLOCK < j->n ? s + NORM_BLOCK : j->n;
+        double acc[4] = {0, 0, 0, 0};
+        int64_t i = s;
+        for (; i + 4 <= e; i += 4)
+            for (int k = 0; k < 4; k++)
+                acc[k] += (double)j->g[i + k] * j->g[i + k];
+        for (; i < e; i++)
+            acc[0] += (double)j->g[i] * j->g[i];
+        j->part[b] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    }
+}
+
+ct_status ct_grad_norm(const float *g, int64_t n, double *norm)
+{
+    if (!norm) return ct_error(CT_EINVAL, "ct_grad_norm: norm must not be NULL");
+    if (n < 0 || (n && !g))
+        return ct_error(CT_EINVAL, "ct_grad_norm: need n >= 0 and g with n values");
+    int64_t nb = (n + NORM_BLOCK - 1) / NORM_BLOCK;
+    double *part;
+    CT_TRY(ct_alloc((void **)&part, (size_t)(nb ? nb : 1) * sizeof(double)));
+    norm_job j = {g, n, part};
+    ct_parallel_for(nb, norm_blocks, &j);
+    double s = 0;
+    for (int64_t b = 0; b < nb; b++)
+        s += part[b];
+    ct_free(part);
+    *norm = sqrt(s);
+    return CT_OK;
+}
+
+typedef struct {
+    float *g;
+    float c;
+} scale_job;
+
+static void scale_range(void *ctx, int64_t i0, int64_t i1, int tid)
+{
+    const scale_job *j = ctx;
+    for (int64_t i = i0; i < i1; i++)
+        j->g[i] *= j->c;
+}
+
+ct_status ct_clip_grad_norm(float *g, int64_t n, float max_norm, double *norm)
+{
+    double N;
+    CT_TRY(ct_grad_norm(g, n, &N));
+    if (norm) *norm = N;
+    if (max_norm > 0 && N > max_norm) {
+        scale_job j = {g, (float)(max_norm / (N + 1e-6))};
+        ct_parallel_for(n, scale_range, &j);
+    }
+    return CT_OK;
+}
+
+float ct_lr_cosine(int64_t step, int64_t warmup, int64_t total, float lr_max, float lr_min)
+{
+    if (step < warmup) return (float)((double)lr_max * (double)(step + 1) / (double)warmup);
+    int64_t span = total - 1 - warmup;
+    if (span <= 0) return lr_max;
+    if (step >= total - 1) return lr_min;
+    double r = (double)(step - warmup) / (double)span;
+    return (float)(lr_min + 0.5 * (lr_max - lr_min) * (1.0 + cos(3.141592653589793 * r)));
+}

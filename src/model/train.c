@@ -1,0 +1,529 @@
+/* The trainer: micro-batches from a token stream, gradient accumulation, clipping, AdamW on
+ * a warmup + cosine schedule, held-out evaluation, and checkpoints that resume exactly. */
+#include "model/gpt_internal.h"
+
+#include <inttypes.h>
+#include <stddef.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct ct_trainer {
+    ct_gpt_config cfg;
+    ct_train_options o;
+    ct_gpt *m;
+    float *moments; /* one allocation: exp_avg [P] then exp_avg_sq [P] */
+    int32_t *batch; /* [B, T+1] */
+    const int32_t *train, *eval;
+    int64_t n_train, n_eval;
+    int64_t step, epoch, pos;
+    ct_rng rng;
+};
+
+ct_train_options ct_train_options_default(void)
+{
+    ct_train_options o;
+    memset(&o, 0, sizeof o);
+    o.seed = 1;
+    o.batch = 8;
+    o.seq = 0;
+    o.accum = 1;
+    o.steps = 350;
+    o.warmup = 20;
+    o.lr = 3e-3f;
+    o.min_lr = 3e-4f;
+    o.beta1 = 0.9f;
+    o.beta2 = 0.95f;
+    o.eps = 1e-8f;
+    o.weight_decay = 0.1f;
+    o.clip = 1.0f;
+    o.fused_head = true;
+    o.eos_token = -1;
+    o.eval_batches = 8;
+    return o;
+}
+
+static ct_status check_train_options(const ct_gpt_config *c, ct_train_options *o)
+{
+    const char *fn = "ct_trainer_create";
+    if (o->seq == 0) o->seq = c->context;
+    if (o->batch < 1)
+        return ct_error(CT_EINVAL, "%s: batch must be >= 1, got %lld", fn, (long long)o->batch);
+    if (o->seq < 1 || o->seq > c->context)
+        return ct_error(CT_EINVAL, "%s: seq must be in [1, context = %lld], got %lld", fn,
+                        (long long)c->context, (long long)o->seq);
+    if (o->accum < 1)
+        return ct_error(CT_EINVAL, "%s: accum must be >= 1, got %lld", fn, (long long)o->accum);
+    if (o->steps < 1)
+        return ct_error(CT_EINVAL, "%s: steps must be >= 1, got %lld", fn, (long long)o->steps);
+    if (o->warmup < 0)
+        return ct_error(CT_EINVAL, "%s: warmup must be >= 0, got %lld", fn, (long long)o->warmup);
+    if (!(o->lr >= 0) || !(o->min_lr >= 0) || !isfinite(o->lr) || !isfinite(o->min_lr))
+        return ct_error(CT_EINVAL, "%s: lr and min_lr must be finite and >= 0 (got %g, %g)", fn,
+                        o->lr, o->min_lr);
+    if (o->eval_batches < 0)
+        return ct_error(CT_EINVAL, "%s: eval_batches must be >= 0, got %lld", fn,
+                        (long long)o->eval_batches);
+    ct_adamw_options a = {o->lr, o->beta1, o->beta2, o->eps, o->weight_decay};
+    if (!(a.beta1 >= 0 && a.beta1 < 1) || !(a.beta2 >= 0 && a.beta2 < 1) || !(a.eps > 0) ||
+        !(a.weight_decay >= 0))
+        return ct_error(CT_EINVAL, "%s: need beta1, beta2 in [0, 1), eps > 0, weight_decay >= 0",
+                        fn);
+    return CT_OK;
+}
+
+static ct_status check_tokens(const int32_t *x, int64_t n, int64_t V, const char *what)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (x[i] < 0 || x[i] >= V)
+            return ct_error(
+                CT_EINVAL,
+                "ct_trainer_create: %s token %lld is %d, outside the vocabulary [0, %lld)", what,
+                (long long)i, x[i], (long long)V);
+    return CT_OK;
+}
+
+ct_status ct_trainer_create(const ct_gpt_config *cfg, const ct_train_options *opt,
+                            const int32_t *train, int64_t n_train, const int32_t *eval,
+                            int64_t n_eval, ct_trainer **out)
+{
+    const char *fn = "ct_trainer_create";
+    if (!out) return ct_error(CT_EINVAL, "%s: out must not be NULL", fn);
+    *out = NULL;
+    CT_TRY(ct_gpt_config_check(cfg));
+    ct_train_options o = opt ? *opt : ct_train_options_default();
+    CT_TRY(check_train_options(cfg, &o));
+    if (!train || n_train < o.seq + 1)
+        return ct_error(CT_EINVAL,
+                        "%s: the training data needs at least seq + 1 = %lld tokens, got %lld", fn,
+                        (long long)(o.seq + 1), (long long)(train ? n_train : 0));
+    if (n_eval && (!eval || n_eval < o.seq + 1))
+        return ct_error(CT_EINVAL,
+                        "%s: the held-out data needs at least seq + 1 = %lld tokens, got %lld", fn,
+                        (long long)(o.seq + 1), (long long)n_eval);
+    CT_TRY(check_tokens(train, n_train, cfg->vocab_size, "training"));
+    CT_TRY(check_tokens(eval, n_eval, cfg->vocab_size, "held-out"));
+    ct_trainer *t;
+    CT_TRY(ct_calloc((void **)&t, sizeof *t));
+    t->cfg = *cfg;
+    t->o = o;
+    t->train = train, t->n_train = n_train, t->eval = eval, t->n_eval = n_eval;
+    ct_gpt_options mo = ct_gpt_options_default();
+    mo.batch = o.batch;
+    mo.seq = o.seq;
+    mo.fused_head = o.fused_head;
+    mo.dense_attention = o.dense_attention;
+    mo.eos_token = o.eos_token;
+    mo.z_loss = o.z_loss;
+    mo.label_smoothing = o.label_smoothing;
+    ct_status s = ct_gpt_create(cfg, &mo, &t->m);
+    if (s == CT_OK) s = ct_gpt_init(t->m, o.seed);
+    if (s == CT_OK)
+        s = ct_calloc((void **)&t->moments, 2 * (size_t)ct_gpt_num_params(t->m) * sizeof(float));
+    if (s == CT_OK)
+        s = ct_alloc((void **)&t->batch, (size_t)(o.batch * (o.seq + 1)) * sizeof(int32_t));
+    if (s != CT_OK) {
+        ct_trainer_free(t);
+        return s;
+    }
+    /* the data order's random state is separate from the initialisation's */
+    ct_rng_seed(&t->rng, o.seed ^ 0x5DEECE66Dull);
+    *out = t;
+    return CT_OK;
+}
+
+void ct_trainer_free(ct_trainer *t)
+{
+    if (!t) return;
+    ct_gpt_free(t->m);
+    ct_free(t->moments);
+    ct_free(t->batch);
+    ct_free(t);
+}
+
+ct_gpt *ct_trainer_model(ct_trainer *t)
+{
+    return t->m;
+}
+
+int64_t ct_trainer_step_count(const ct_trainer *t)
+{
+    return t->step;
+}
+
+/* The next micro-batch: B consecutive windows of T + 1 tokens (neighbours share one token).
+ * When the stream runs out, a new epoch starts at a random offset in [0, T). */
+static void next_batch(ct_trainer *t)
+{
+    int64_t B = t->o.batch, T = t->o.seq;
+    if (t->pos + B * T + 1 > t->n_train) {
+        t->epoch++;
+        int64_t span = t->n_train - B * T - 1;
+        int64_t off = (int64_t)(ct_rng_uniform(&t->rng) * (double)T);
+        t->pos = span > 0 ? off % (span + 1) : 0;
+    }
+    for (int64_t b = 0; b < B; b++) {
+        int64_t s = t->pos + b * T;
+        if (s + T + 1 > t->n_train) s = (s % (t->n_train - T)); /* tiny streams: wrap rows */
+        memcpy(t->batch + b * (T + 1), t->train + s, (size_t)(T + 1) * sizeof(int32_t));
+    }
+    t->pos += B * T;
+}
+
+ct_status ct_trainer_step(ct_trainer *t, ct_train_step_info *info)
+{
+    if (!t) return ct_error(CT_EINVAL, "ct_trainer_step: t must not be NULL");
+    ct_gpt *m = t->m;
+    ct_gpt_zero_grad(m);
+    double loss = 0;
+    float scale = 1.0f / (float)t->o.accum;
+    for (int64_t k = 0; k < t->o.accum; k++) {
+        next_batch(t);
+        float l;
+        CT_TRY(ct_gpt_forward_backward(m, t->batch, t->o.batch, t->o.seq, scale, &l));
+        loss += l;
+    }
+    int64_t P = ct_gpt_num_params(m), D = ct_gpt_num_decayed(m);
+    double norm;
+    CT_TRY(ct_clip_grad_norm(ct_gpt_grads(m), P, t->o.clip, &norm));
+    float lr = ct_lr_cosine(t->step, t->o.warmup, t->o.steps, t->o.lr, t->o.min_lr);
+    ct_adamw_options a = {lr, t->o.beta1, t->o.beta2, t->o.eps, t->o.weight_decay};
+    float *p = ct_gpt_params(m), *g = ct_gpt_grads(m), *mo = t->moments, *v = t->moments + P;
+    CT_TRY(ct_adamw_step(p, g, mo, v, D, t->step + 1, &a));
+    a.weight_decay = 0;
+    CT_TRY(ct_adamw_step(p + D, g + D, mo + D, v + D, P - D, t->step + 1, &a));
+    t->step++;
+    if (info) {
+        info->step = t->step;
+        info->loss = (float)(loss / (double)t->o.accum);
+        info->lr = lr;
+        info->grad_norm = norm;
+        info->tokens = t->o.accum * t->o.batch * t->o.seq;
+        info->epoch = t->epoch;
+    }
+    return CT_OK;
+}
+
+ct_status ct_trainer_evaluate(ct_trainer *t, float *loss)
+{
+    if (!t || !loss) return ct_error(CT_EINVAL, "ct_trainer_evaluate: arguments must not be NULL");
+    int64_t B = t->o.batch, T = t->o.seq, windows = (t->n_eval - 1) / T;
+    if (windows < 1)
+        return ct_error(CT_EINVAL, "ct_trainer_evaluate: the trainer has no held-out tokens");
+    double sum = 0;
+    int64_t batches = 0;
+    for (int64_t k = 0; k < t->o.eval_batches; k++) {
+        int64_t w0 = k * B, nb = windows - w0 < B ? windows - w0 : B;
+        if (nb <= 0) break;
+        for (int64_t b = 0; b < nb; b++)
+            memcpy(t->batch + b * (T + 1), t->eval + (w0 + b) * T,
+                   (size_t)(T + 1) * sizeof(int32_t));
+        float l;
+        CT_TRY(ct_gpt_forward(t->m, t->batch, nb, T, &l));
+        sum += (double)l * (double)nb;
+        batches += nb;
+    }
+    if (!batches) return ct_error(CT_EINVAL, "ct_trainer_evaluate: eval_batches is 0");
+    *loss = (float)(sum / (double)batches);
+    return CT_OK;
+}
+
+/* ---- checkpoints --------------------------------------------------------------------------- */
+
+/* The options as JSON fields, in one table so writing and reading agree. */
+typedef enum { F_I64, F_U64, F_F32, F_BOOL, F_I32 } field_kind;
+typedef struct {
+    const char *name;
+    field_kind kind;
+    size_t offset;
+} field;
+
+#define FIELD(n, k)                                                                                \
+    {                                                                                              \
+#n, k, offsetof(ct_train_options, n)                                                       \
+    }
+static const field FIELDS[] = {
+    FIELD(seed, F_U64),
+    FIELD(batch, F_I64),
+    FIELD(seq, F_I64),
+    FIELD(accum, F_I64),
+    FIELD(steps, F_I64),
+    FIELD(warmup, F_I64),
+    FIELD(lr, F_F32),
+    FIELD(min_lr, F_F32),
+    FIELD(beta1, F_F32),
+    FIELD(beta2, F_F32),
+    FIELD(eps, F_F32),
+    FIELD(weight_decay, F_F32),
+    FIELD(clip, F_F32),
+    FIELD(z_loss, F_F32),
+    FIELD(label_smoothing, F_F32),
+    FIELD(fused_head, F_BOOL),
+    FIELD(dense_attention, F_BOOL),
+    FIELD(eos_token, F_I32),
+    FIELD(eval_batches, F_I64),
+};
+#define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
+
+ct_status ct_train_options_to_json(const ct_train_options *o, char **json)
+{
+    if (!o || !json)
+        return ct_error(CT_EINVAL, "ct_train_options_to_json: arguments must not be NULL");
+    json_t *j = json_object();
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        const char *p = (const char *)o + FIELDS[i].offset;
+        json_t *v = NULL;
+        switch (FIELDS[i].kind) {
+        case F_I64:
+            v = json_integer((json_int_t) * (const int64_t *)p);
+            break;
+        case F_U64:
+            v = json_integer((json_int_t) * (const uint64_t *)p);
+            break;
+        case F_I32:
+            v = json_integer((json_int_t) * (const int32_t *)p);
+            break;
+        case F_F32:
+            v = json_real((double)*(const float *)p);
+            break;
+        case F_BOOL:
+            v = json_boolean(*(const bool *)p);
+            break;
+        }
+        json_object_set_new(j, FIELDS[i].name, v);
+    }
+    char *s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
+    json_decref(j);
+    if (!s) return ct_error(CT_ENOMEM, "ct_train_options_to_json: out of memory");
+    size_t n = strlen(s);
+    ct_status st = ct_alloc((void **)json, n + 1);
+    if (st == CT_OK) memcpy(*json, s, n + 1);
+    free(s);
+    return st;
+}
+
+ct_status ct_train_options_from_json(const char *text, ct_train_options *o)
+{
+    if (!text || !o)
+        return ct_error(CT_EINVAL, "ct_train_options_from_json: arguments must not be NULL");
+    json_error_t err;
+    json_t *j = json_loads(text, 0, &err);
+    if (!j || !json_is_object(j)) {
+        json_decref(j);
+        return ct_error(CT_EFORMAT, "train options: not a JSON object");
+    }
+    const char *key;
+    json_t *val;
+    ct_status s = CT_OK;
+    json_object_foreach(j, key, val)
+    {
+        size_t i = 0;
+        while (i < N_FIELDS && strcmp(FIELDS[i].name, key))
+            i++;
+        if (i == N_FIELDS) {
+            s = ct_error(CT_EFORMAT, "train options: unknown key \"%s\"", key);
+            break;
+        }
+        char *p = (char *)o + FIELDS[i].offset;
+        bool ok = FIELDS[i].kind == F_F32    ? json_is_number(val)
+                  : FIELDS[i].kind == F_BOOL ? json_is_boolean(val)
+                                             : json_is_integer(val);
+        if (!ok) {
+            s = ct_error(CT_EFORMAT, "train options: \"%s\" has the wrong type", key);
+            break;
+        }
+        switch (FIELDS[i].kind) {
+        case F_I64:
+            *(int64_t *)p = (int64_t)json_integer_value(val);
+            break;
+        case F_U64:
+            *(uint64_t *)p = (uint64_t)json_integer_value(val);
+            break;
+        case F_I32:
+            *(int32_t *)p = (int32_t)json_integer_value(val);
+            break;
+        case F_F32:
+            *(float *)p = (float)json_number_value(val);
+            break;
+        case F_BOOL:
+            *(bool *)p = json_is_true(val);
+            break;
+        }
+    }
+    json_decref(j);
+    return s;
+}
+
+static const char *RESERVED[] = {"format", "config", "train", "step", "epoch", "data_pos", "rng"};
+#define N_RESERVED (sizeof RESERVED / sizeof RESERVED[0])
+
+ct_status ct_trainer_save(const ct_trainer *t, const char *path, size_t n_extra,
+                          const char *const *keys, const char *const *values)
+{
+    const char *fn = "ct_trainer_save";
+    if (!t || !path) return ct_error(CT_EINVAL, "%s: t and path must not be NULL", fn);
+    if (n_extra && (!keys || !values))
+        return ct_error(CT_EINVAL, "%s: keys and values must not be NULL", fn);
+    for (size_t i = 0; i < n_extra; i++)
+        for (size_t r = 0; r < N_RESERVED; r++)
+            if (!keys[i] || !values[i] || !strcmp(keys[i], RESERVED[r]))
+                return ct_error(CT_EINVAL, "%s: extra metadata key %zu ('%s') is NULL or reserved",
+                                fn, i, keys[i] ? keys[i] : "(null)");
+    ct_gpt *m = t->m;
+    int nt = ct_gpt_num_tensors(m);
+    int64_t P = ct_gpt_num_params(m);
+    size_t count = 3 * (size_t)nt, nmeta = N_RESERVED + n_extra;
+    ct_tensor *tens = NULL;
+    char **names = NULL, *namebuf = NULL, *cfg = NULL, *trn = NULL;
+    const char **mk = NULL, **mv = NULL;
+    char step[32], epoch[32], pos[32], rng[80];
+    ct_status s;
+    if ((s = ct_alloc((void **)&tens, count * sizeof *tens)) ||
+        (s = ct_alloc((void **)&names, count * sizeof *names)) ||
+        (s = ct_alloc((void **)&namebuf, count * 128)) ||
+        (s = ct_alloc((void **)&mk, nmeta * sizeof *mk)) ||
+        (s = ct_alloc((void **)&mv, nmeta * sizeof *mv)) ||
+        (s = ct_gpt_config_to_json(&t->cfg, &cfg)))
+        goto done;
+    for (int i = 0; i < nt && s == CT_OK; i++) {
+        const char *name;
+        ct_tensor p;
+        if ((s = ct_gpt_tensor(m, i, &name, &p, NULL))) break;
+        int64_t off = (float *)p.data - ct_gpt_params(m);
+        for (int k = 0; k < 3; k++) {
+            size_t e = (size_t)k * (size_t)nt + (size_t)i;
+            names[e] = namebuf + e * 128;
+            snprintf(names[e], 128, "%s%s",
+                     k == 0   ? ""
+                     : k == 1 ? "optimizer.exp_avg."
+                              : "optimizer.exp_avg_sq.",
+                     name);
+            tens[e] = p;
+            if (k) tens[e].data = t->moments + (k - 1) * P + off;
+        }
+    }
+    if (s) goto done;
+    if ((s = ct_train_options_to_json(&t->o, &trn))) goto done;
+    snprintf(step, sizeof step, "%lld", (long long)t->step);
+    snprintf(epoch, sizeof epoch, "%lld", (long long)t->epoch);
+    snprintf(pos, sizeof pos, "%lld", (long long)t->pos);
+    snprintf(rng, sizeof rng, "%016" PRIx64 "%016" PRIx64 "%016" PRIx64 "%016" PRIx64, t->rng.s[0],
+             t->rng.s[1], t->rng.s[2], t->rng.s[3]);
+    const char *vals[N_RESERVED] = {"ctorch-gpt", cfg, trn, step, epoch, pos, rng};
+    for (size_t r = 0; r < N_RESERVED; r++)
+        mk[r] = RESERVED[r], mv[r] = vals[r];
+    for (size_t i = 0; i < n_extra; i++)
+        mk[N_RESERVED + i] = keys[i], mv[N_RESERVED + i] = values[i];
+    s = ct_save_safetensors(path, tens, (const char *const *)names, count, mk, mv, nmeta, NULL);
+done:
+    ct_free(trn);
+    ct_free(cfg);
+    ct_free(mv);
+    ct_free(mk);
+    ct_free(namebuf);
+    ct_free(names);
+    ct_free(tens);
+    return s;
+}
+
+ct_status ct_gpt_checkpoint_config(const ct_tensor_file *f, ct_gpt_config *cfg)
+{
+    if (!f || !cfg)
+        return ct_error(CT_EINVAL, "ct_gpt_checkpoint_config: arguments must not be NULL");
+    const char *fmt = ct_tensor_file_metadata_get(f, "format");
+    const char *js = ct_tensor_file_metadata_get(f, "config");
+    if (!fmt || strcmp(fmt, "ctorch-gpt") || !js)
+        return ct_error(
+            CT_EFORMAT,
+            "checkpoint: not a ctorch-gpt checkpoint (metadata \"format\" and \"config\" "
+            "missing)");
+    *cfg = ct_gpt_config_default();
+    ct_status s = ct_gpt_config_from_json(js, cfg);
+    if (s) return ct_error(CT_EFORMAT, "checkpoint: bad \"config\": %s", ct_last_error());
+    return CT_OK;
+}
+
+static ct_status meta_int(const ct_tensor_file *f, const char *key, int64_t lo, int64_t *out)
+{
+    const char *v = ct_tensor_file_metadata_get(f, key);
+    char *end;
+    long long x = v ? strtoll(v, &end, 10) : 0;
+    if (!v || !*v || *end || x < lo)
+        return ct_error(CT_EFORMAT, "checkpoint: metadata \"%s\" must be an integer >= %lld", key,
+                        (long long)lo);
+    *out = x;
+    return CT_OK;
+}
+
+ct_status ct_trainer_load(ct_trainer *t, const char *path)
+{
+    if (!t || !path) return ct_error(CT_EINVAL, "ct_trainer_load: t and path must not be NULL");
+    ct_tensor_file *f;
+    CT_TRY(ct_load(path, NULL, &f));
+    ct_gpt_config c;
+    ct_status s = ct_gpt_checkpoint_config(f, &c);
+    char *mine = NULL, *theirs = NULL;
+    if (s == CT_OK && (s = ct_gpt_config_to_json(&t->cfg, &mine)) == CT_OK &&
+        (s = ct_gpt_config_to_json(&c, &theirs)) == CT_OK && strcmp(mine, theirs))
+        s = ct_error(CT_EFORMAT,
+                     "checkpoint: its model configuration %s differs from this run's %s", theirs,
+                     mine);
+    ct_free(mine);
+    ct_free(theirs);
+    int64_t step = 0, epoch = 0, pos = 0;
+    ct_rng rng = {{0, 0, 0, 0}};
+    if (s == CT_OK) s = meta_int(f, "step", 0, &step);
+    if (s == CT_OK) s = meta_int(f, "epoch", 0, &epoch);
+    if (s == CT_OK) s = meta_int(f, "data_pos", 0, &pos);
+    if (s == CT_OK) {
+        const char *r = ct_tensor_file_metadata_get(f, "rng");
+        if (!r || strlen(r) != 64)
+            s = ct_error(CT_EFORMAT, "checkpoint: metadata \"rng\" must be 64 hex digits");
+        for (int i = 0; i < 4 && s == CT_OK; i++) {
+            char w[17], *end;
+            memcpy(w, r + 16 * i, 16);
+            w[16] = '\0';
+            rng.s[i] = strtoull(w, &end, 16);
+            if (*end)
+                s = ct_error(CT_EFORMAT, "checkpoint: metadata \"rng\" must be 64 hex digits");
+        }
+    }
+    /* the data position must be one this run's data can continue from */
+    if (s == CT_OK && pos > t->n_train)
+        s = ct_error(
+            CT_EFORMAT,
+            "checkpoint: data position %lld is past the end of the training data (%lld tokens)",
+            (long long)pos, (long long)t->n_train);
+    if (s == CT_OK) s = ct_gpt_load_params(t->m, f);
+    int nt = ct_gpt_num_tensors(t->m);
+    int64_t P = ct_gpt_num_params(t->m);
+    for (int i = 0; i < nt && s == CT_OK; i++) {
+        const char *name;
+        ct_tensor p;
+        if ((s = ct_gpt_tensor(t->m, i, &name, &p, NULL))) break;
+        int64_t off = (float *)p.data - ct_gpt_params(t->m);
+        for (int k = 0; k < 2 && s == CT_OK; k++) {
+            char nm[128];
+            snprintf(nm, sizeof nm, "%s%s", k ? "optimizer.exp_avg_sq." : "optimizer.exp_avg.",
+                     name);
+            size_t idx;
+            if (ct_tensor_file_find(f, nm, &idx) != CT_OK) {
+                s = ct_error(CT_EFORMAT, "checkpoint: tensor '%s' is missing", nm);
+                break;
+            }
+            ct_tensor dst = p;
+            dst.data = t->moments + k * P + off;
+            s = ct_tensor_file_read_into(f, idx, &dst);
+            if (s) s = ct_error(CT_EFORMAT, "checkpoint: tensor '%s': %s", nm, ct_last_error());
+        }
+    }
+    ct_tensor_file_close(f);
+    CT_TRY(s);
+    t->step = step;
+    t->epoch = epoch;
+    t->pos = pos;
+    t->rng = rng;
+    return CT_OK;
+}

@@ -1,0 +1,321 @@
+/* The GPT model and trainer: finite-difference gradients, bitwise reproducibility across
+ * thread counts, exact resume from a checkpoint, and bad input. (The match against PyTorch
+ * is tests/python/test_train.py.) */
+#include "test_util.h"
+
+#include <unistd.h>
+
+static ct_gpt_config tiny_config(void)
+{
+    ct_gpt_config c = ct_gpt_config_default();
+    c.vocab_size = 40;
+    c.context = 12;
+    c.n_layer = 2;
+    c.d_model = 16;
+    c.n_head = 4;
+    c.n_kv_head = 2;
+    c.d_ff = 12;
+    c.window = 5;
+    c.init_std = 0.3f; /* large weights: every path carries gradient */
+    return c;
+}
+
+/* Finite differences of the loss against the analytic gradient on a few coordinates of
+ * every tensor, in a configuration with GQA, a sliding window, documents, z-loss and label
+ * smoothing, for the fused and the unfused head, flex and dense attention. */
+static void test_gradients(bool fused, bool dense, bool tied)
+{
+    ct_gpt_config c = tiny_config();
+    c.tied = tied;
+    ct_gpt_options o = ct_gpt_options_default();
+    o.batch = 2;
+    o.fused_head = fused;
+    o.dense_attention = dense;
+    o.eos_token = 3;
+    o.z_loss = 0.01f;
+    o.label_smoothing = 0.1f;
+    ct_gpt *m;
+    CHECK_OK(ct_gpt_create(&c, &o, &m));
+    CHECK_OK(ct_gpt_init(m, 7));
+    int64_t B = 2, T = 9;
+    int32_t tok[2 * 10];
+    for (int i = 0; i < 20; i++)
+        tok[i] = (int32_t)(t_next() % 40);
+    tok[4] = 3, tok[13] = 3; /* document boundaries */
+    float loss;
+    CHECK_OK(ct_gpt_forward_backward(m, tok, B, T, 1.0f, &loss));
+    /* forward alone gives the plain loss: without z-loss and smoothing it must differ */
+    float plain;
+    CHECK_OK(ct_gpt_forward(m, tok, B, T, &plain));
+    CHECK(plain != loss && isfinite(plain));
+    int nt = ct_gpt_num_tensors(m);
+    for (int i = 0; i < nt; i++) {
+        const char *name;
+        ct_tensor p, g;
+        CHECK_OK(ct_gpt_tensor(m, i, &name, &p, &g));
+        int64_t n = ct_tensor_numel(&p);
+        for (int k = 0; k < 3; k++) {
+            int64_t j = (int64_t)(t_next() % (uint64_t)n);
+            float *x = (float *)p.data + j, x0 = *x, h = 1e-2f;
+            double an =
+                ((float *)g.data)[j]; /* grad_scale 0 below leaves the gradients as they are */
+            float lp, lm;
+            *x = x0 + h;
+            CHECK_OK(ct_gpt_forward_backward(m, tok, B, T, 0.0f, &lp));
+            *x = x0 - h;
+            CHECK_OK(ct_gpt_forward_backward(m, tok, B, T, 0.0f, &lm));
+            *x = x0;
+            double fd = ((double)lp - lm) / (2.0 * h);
+            double err = fabs(fd - an) / (1e-3 + fabs(an));
+            if (err > 2e-2) {
+                fprintf(stderr,
+                        "  %s[%lld]: finite difference %.6g vs analytic %.6g (fused %d dense %d)\n",
+                        name, (long long)j, fd, an, fused, dense);
+                CHECK(0);
+            }
+        }
+    }
+    ct_gpt_free(m);
+}
+
+static int32_t *make_tokens(int64_t n, uint64_t stream)
+{
+    ct_corpus_options co = ct_corpus_options_default();
+    co.vocab_size = 40;
+    co.classes = 4;
+    co.sentence = 4;
+    co.repeats = 2;
+    ct_corpus *cp;
+    int32_t *x = malloc((size_t)n * sizeof *x);
+    CHECK_OK(ct_corpus_create(&co, &cp));
+    CHECK_OK(ct_corpus_generate(cp, stream, n, x));
+    ct_corpus_free(cp);
+    return x;
+}
+
+static ct_train_options tiny_train(void)
+{
+    ct_train_options o = ct_train_options_default();
+    o.batch = 2;
+    o.seq = 8;
+    o.accum = 2;
+    o.steps = 6;
+    o.warmup = 2;
+    o.eos_token = 0;
+    o.z_loss = 1e-3f;
+    o.eval_batches = 2;
+    o.lr = 1e-2f;
+    return o;
+}
+
+/* Bitwise: the same seed gives the same losses and weights at 1 and 2 threads. */
+static void test_threads(void)
+{
+    ct_gpt_config c = tiny_config();
+    ct_train_options o = tiny_train();
+    int32_t *tr = make_tokens(200, 0), *ev = make_tokens(50, 1);
+    float loss[2][4], eval[2];
+    float *w[2];
+    int64_t P = 0;
+    int prev = ct_num_threads();
+    for (int k = 0; k < 2; k++) {
+        CHECK_OK(ct_set_num_threads(k + 1));
+        ct_trainer *t;
+        CHECK_OK(ct_trainer_create(&c, &o, tr, 200, ev, 50, &t));
+        for (int s = 0; s < 4; s++) {
+            ct_train_step_info info;
+            CHECK_OK(ct_trainer_step(t, &info));
+            loss[k][s] = info.loss;
+        }
+        CHECK_OK(ct_trainer_evaluate(t, &eval[k]));
+        P = ct_gpt_num_params(ct_trainer_model(t));
+        w[k] = malloc((size_t)P * sizeof(float));
+        memcpy(w[k], ct_gpt_params(ct_trainer_model(t)), (size_t)P * sizeof(float));
+        ct_trainer_free(t);
+    }
+    ct_set_num_threads(prev);
+    CHECK(!memcmp(loss[0], loss[1], sizeof loss[0]));
+    CHECK(eval[0] == eval[1]);
+    CHECK(!memcmp(w[0], w[1], (size_t)P * sizeof(float)));
+    free(w[0]);
+    free(w[1]);
+    free(tr);
+    free(ev);
+}
+
+/* Resume: 2 steps, save, a fresh trainer loads and takes steps 3 and 4: the same bits as 4
+ * uninterrupted steps. Then bad checkpoints. */
+static void test_resume(void)
+{
+    ct_gpt_config c = tiny_config();
+    ct_train_options o = tiny_train();
+    o.batch = 3; /* 3 x 8 x 2 tokens per step: the 100-token stream wraps into a new epoch */
+    int32_t *tr = make_tokens(100, 0), *ev = make_tokens(50, 1);
+    char path[64], bad[64];
+    snprintf(path, sizeof path, "/tmp/ct_test_resume_%d.safetensors", (int)getpid());
+    snprintf(bad, sizeof bad, "/tmp/ct_test_resume_bad_%d.safetensors", (int)getpid());
+    ct_trainer *a, *b, *r;
+    float la[4], lr[2];
+    CHECK_OK(ct_trainer_create(&c, &o, tr, 100, ev, 50, &a));
+    for (int s = 0; s < 4; s++) {
+        ct_train_step_info info;
+        CHECK_OK(ct_trainer_step(a, &info));
+        la[s] = info.loss;
+        if (s == 3) CHECK(info.epoch >= 1);
+    }
+    CHECK_OK(ct_trainer_create(&c, &o, tr, 100, ev, 50, &b));
+    CHECK_OK(ct_trainer_step(b, NULL));
+    CHECK_OK(ct_trainer_step(b, NULL));
+    const char *k[1] = {"note"}, *v[1] = {"test"};
+    CHECK_OK(ct_trainer_save(b, path, 1, k, v));
+    ct_train_options o2 = o;
+    o2.seed = 99; /* a different initialisation: the checkpoint must overwrite all of it */
+    CHECK_OK(ct_trainer_create(&c, &o2, tr, 100, ev, 50, &r));
+    CHECK_OK(ct_trainer_load(r, path));
+    CHECK(ct_trainer_step_count(r) == 2);
+    for (int s = 0; s < 2; s++) {
+        ct_train_step_info info;
+        CHECK_OK(ct_trainer_step(r, &info));
+        lr[s] = info.loss;
+        CHECK(info.step == s + 3);
+    }
+    CHECK(lr[0] == la[2] && lr[1] == la[3]);
+    int64_t P = ct_gpt_num_params(ct_trainer_model(a));
+    CHECK(!memcmp(ct_gpt_params(ct_trainer_model(a)), ct_gpt_params(ct_trainer_model(r)),
+                  (size_t)P * 4));
+    /* reserved metadata keys are refused */
+    const char *rk[1] = {"step"};
+    CHECK_STATUS(ct_trainer_save(b, bad, 1, rk, v), CT_EINVAL);
+    /* another configuration */
+    ct_gpt_config c2 = c;
+    c2.d_ff = 16;
+    ct_trainer *w;
+    CHECK_OK(ct_trainer_create(&c2, &o, tr, 100, ev, 50, &w));
+    CHECK_STATUS(ct_trainer_load(w, path), CT_EFORMAT);
+    ct_tensor_file *f;
+    CHECK_OK(ct_load(path, NULL, &f));
+    CHECK_STATUS(ct_gpt_load_params(ct_trainer_model(w), f), CT_EFORMAT);
+    CHECK(strstr(ct_last_error(), "w_gate_up.weight") && strstr(ct_last_error(), "[32, 16]"));
+    ct_tensor_file_close(f);
+    ct_trainer_free(w);
+    /* a missing file, a truncated file, a file that is not a checkpoint */
+    CHECK_STATUS(ct_trainer_load(r, "/nonexistent/ckpt.safetensors"), CT_EIO);
+    FILE *in = fopen(path, "rb"), *out = fopen(bad, "wb");
+    char buf[4096];
+    size_t n = fread(buf, 1, sizeof buf, in);
+    fwrite(buf, 1, n / 2, out);
+    fclose(in);
+    fclose(out);
+    CHECK_STATUS(ct_trainer_load(r, bad), CT_EFORMAT);
+    float x = 1.0f;
+    ct_tensor t1;
+    int64_t one = 1;
+    ct_tensor_wrap(&t1, &x, CT_DTYPE_F32, 1, &one, NULL);
+    const char *nm[1] = {"x"};
+    CHECK_OK(ct_save_safetensors(bad, &t1, nm, 1, NULL, NULL, 0, NULL));
+    CHECK_STATUS(ct_trainer_load(r, bad), CT_EFORMAT);
+    remove(path);
+    remove(bad);
+    ct_trainer_free(a);
+    ct_trainer_free(b);
+    ct_trainer_free(r);
+    free(tr);
+    free(ev);
+}
+
+static void test_bad_input(void)
+{
+    ct_gpt_config c = tiny_config();
+    ct_gpt *m;
+    c.n_head = 3; /* 16 % 3 != 0 */
+    CHECK_STATUS(ct_gpt_create(&c, NULL, &m), CT_EINVAL);
+    CHECK(strstr(ct_last_error(), "d_model") != NULL);
+    c = tiny_config();
+    c.n_kv_head = 3;
+    CHECK_STATUS(ct_gpt_create(&c, NULL, &m), CT_EINVAL);
+    CHECK(strstr(ct_last_error(), "n_kv_head") != NULL);
+    c = tiny_config();
+    c.d_model = 12, c.n_head = 4; /* head dim 3 is odd */
+    CHECK_STATUS(ct_gpt_create(&c, NULL, &m), CT_EINVAL);
+    c = tiny_config();
+    c.window = -1;
+    CHECK_STATUS(ct_gpt_config_check(&c), CT_EINVAL);
+    c = tiny_config();
+    ct_gpt_options o = ct_gpt_options_default();
+    o.seq = 13;
+    CHECK_STATUS(ct_gpt_create(&c, &o, &m), CT_EINVAL);
+    CHECK_OK(ct_gpt_create(&c, NULL, &m));
+    int32_t tok[10] = {1, 2, 3, 40, 5, 6, 7, 8, 9, 10};
+    float l;
+    CHECK_STATUS(ct_gpt_forward(m, tok, 1, 9, &l), CT_EINVAL);
+    CHECK(strstr(ct_last_error(), "40") != NULL);
+    CHECK_STATUS(ct_gpt_forward(m, tok, 9, 1, &l), CT_EINVAL);  /* B > batch */
+    CHECK_STATUS(ct_gpt_forward(m, tok, 1, 13, &l), CT_EINVAL); /* T > seq */
+    ct_gpt_free(m);
+    /* configuration JSON: round trip, unknown key, wrong type */
+    c = tiny_config();
+    char *js, *js2;
+    CHECK_OK(ct_gpt_config_to_json(&c, &js));
+    ct_gpt_config d = ct_gpt_config_default();
+    CHECK_OK(ct_gpt_config_from_json(js, &d));
+    CHECK_OK(ct_gpt_config_to_json(&d, &js2));
+    CHECK(!strcmp(js, js2) && d.n_layer == c.n_layer && d.window == c.window && d.tied == c.tied);
+    ct_free(js);
+    ct_free(js2);
+    CHECK_STATUS(ct_gpt_config_from_json("{\"layers\": 2}", &d), CT_EFORMAT);
+    CHECK_STATUS(ct_gpt_config_from_json("{\"n_layer\": \"2\"}", &d), CT_EFORMAT);
+    CHECK_STATUS(ct_gpt_config_from_json("{\"n_layer\": 0}", &d), CT_EINVAL);
+    CHECK_STATUS(ct_gpt_config_from_json("not json", &d), CT_EFORMAT);
+    /* trainer: too little data, tokens outside the vocabulary */
+    ct_trainer *t;
+    ct_train_options to = tiny_train();
+    int32_t few[5] = {1, 2, 3, 4, 5};
+    CHECK_STATUS(ct_trainer_create(&c, &to, few, 5, NULL, 0, &t), CT_EINVAL);
+    int32_t *tr = make_tokens(100, 0);
+    tr[50] = 1000;
+    CHECK_STATUS(ct_trainer_create(&c, &to, tr, 100, NULL, 0, &t), CT_EINVAL);
+    CHECK(strstr(ct_last_error(), "1000") != NULL);
+    tr[50] = 1;
+    CHECK_OK(ct_trainer_create(&c, &to, tr, 100, NULL, 0, &t));
+    CHECK_STATUS(ct_trainer_evaluate(t, &l), CT_EINVAL); /* no held-out data */
+    ct_trainer_free(t);
+    free(tr);
+}
+
+/* Generation logits equal the last row of a batch forward (the same model, the same prefix). */
+static void test_next_logits(void)
+{
+    ct_gpt_config c = tiny_config();
+    ct_gpt_options o = ct_gpt_options_default();
+    o.batch = 1;
+    o.fused_head = false;
+    ct_gpt *m;
+    CHECK_OK(ct_gpt_create(&c, &o, &m));
+    CHECK_OK(ct_gpt_init(m, 3));
+    int32_t tok[8] = {5, 9, 1, 33, 2, 7, 7, 30};
+    float logits[40], l0, l1;
+    CHECK_OK(ct_gpt_next_logits(m, tok, 7, logits));
+    /* loss of predicting tok[7] after tok[0..6] from the logits, vs the model's own loss
+     * difference between the 7- and 6-token sequences */
+    double mx = logits[0], s = 0;
+    for (int i = 1; i < 40; i++)
+        mx = fmax(mx, logits[i]);
+    for (int i = 0; i < 40; i++)
+        s += exp(logits[i] - mx);
+    double nll = mx + log(s) - logits[tok[7]];
+    CHECK_OK(ct_gpt_forward(m, tok, 1, 7, &l1));
+    CHECK_OK(ct_gpt_forward(m, tok, 1, 6, &l0));
+    CHECK(fabs((7.0 * l1 - 6.0 * l0) - nll) < 1e-4 * (1 + nll));
+    ct_gpt_free(m);
+}
+
+int main(void)
+{
+    test_gradients(true, false, true);
+    test_gradients(false, true, false);
+    test_threads();
+    test_resume();
+    test_bad_input();
+    test_next_logits();
+    return t_report("test_model_gpt");
+}

@@ -1,0 +1,201 @@
+/* The byte-level BPE tokenizer: the merge rule on a worked example, round trips of any bytes,
+ * pieces never merged across, determinism, files, EOS, bad files; the UTF-8 validator. */
+#include "test_util.h"
+
+#include <unistd.h>
+
+static const char *SAMPLE =
+    "The quick brown fox jumps over the lazy dog. The dog sleeps; the fox runs.\n"
+    "Le renard brun saute par-dessus le chien paresseux: \xc3\xa9t\xc3\xa9, \xc3\xa0 la plage.\n"
+    "\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e\xe3\x81\xae\xe6\x96\x87\xe7\xab\xa0 and numbers 12345 "
+    "67890, "
+    "tabs\tand  double  spaces.\n<|endoftext|>A second document starts here.\n";
+
+static ct_tokenizer *train(const char *text, int64_t vocab, int64_t minf)
+{
+    ct_bpe_options o = ct_bpe_options_default();
+    o.vocab_size = vocab;
+    o.min_frequency = minf;
+    ct_tokenizer *t = NULL;
+    CHECK_OK(ct_tokenizer_train(text, strlen(text), &o, &t));
+    return t;
+}
+
+static void round_trip(const ct_tokenizer *t, const char *text, size_t len)
+{
+    int32_t *ids;
+    int64_t n;
+    char *back;
+    size_t blen;
+    CHECK_OK(ct_tokenizer_encode(t, text, len, &ids, &n));
+    CHECK_OK(ct_tokenizer_decode(t, ids, n, &back, &blen));
+    CHECK(blen == len && !memcmp(back, text, len));
+    ct_free(ids);
+    ct_free(back);
+}
+
+/* "aaabdaaabac": (a,a) occurs 4 times and is merged first; then (256,a) and (a,b) tie at 2
+ * and the smaller pair (a,b) = (97,98) wins. */
+static void test_worked_example(void)
+{
+    ct_tokenizer *t = train("aaabdaaabac", 259, 2);
+    CHECK(ct_tokenizer_vocab_size(t) == 259);
+    CHECK(ct_tokenizer_eos(t) == 258);
+    const char *b;
+    size_t n;
+    CHECK_OK(ct_tokenizer_token_bytes(t, 256, &b, &n));
+    CHECK(n == 2 && !memcmp(b, "aa", 2));
+    CHECK_OK(ct_tokenizer_token_bytes(t, 257, &b, &n));
+    CHECK(n == 2 && !memcmp(b, "ab", 2));
+    CHECK_OK(ct_tokenizer_token_bytes(t, 258, &b, &n));
+    CHECK(n == strlen(CT_TOKENIZER_EOS_TEXT));
+    int32_t *ids;
+    int64_t k;
+    CHECK_OK(ct_tokenizer_encode(t, "aaab", 4, &ids, &k));
+    CHECK(k == 2 && ids[0] == 256 && ids[1] == 257); /* "aa" + "ab": rank 0 first */
+    ct_free(ids);
+    CHECK_STATUS(ct_tokenizer_token_bytes(t, 259, &b, &n), CT_EINVAL);
+    ct_tokenizer_free(t);
+    /* min_frequency stops early: no pair occurs 5 times */
+    t = train("aaabdaaabac", 1000, 5);
+    CHECK(ct_tokenizer_vocab_size(t) == 257);
+    ct_tokenizer_free(t);
+}
+
+static void test_round_trips(void)
+{
+    ct_tokenizer *t = train(SAMPLE, 400, 2);
+    CHECK(ct_tokenizer_vocab_size(t) > 257 && ct_tokenizer_vocab_size(t) <= 400);
+    round_trip(t, SAMPLE, strlen(SAMPLE));
+    round_trip(t, "", 0);
+    /* any bytes: NUL, invalid UTF-8, long runs (cut into 256-byte pieces) */
+    char junk[3000];
+    for (size_t i = 0; i < sizeof junk; i++)
+        junk[i] = (char)(t_next() & 0xFF);
+    round_trip(t, junk, sizeof junk);
+    memset(junk, 'e', sizeof junk);
+    round_trip(t, junk, sizeof junk);
+    memset(junk, ' ', sizeof junk);
+    round_trip(t, junk, sizeof junk);
+    /* EOS: the marker text becomes the EOS token and decodes back */
+    int32_t *ids;
+    int64_t n;
+    const char *s = "dog<|endoftext|>fox";
+    CHECK_OK(ct_tokenizer_encode(t, s, strlen(s), &ids, &n));
+    int eos = 0;
+    for (int64_t i = 0; i < n; i++)
+        eos += ids[i] == ct_tokenizer_eos(t);
+    CHECK(eos == 1);
+    ct_free(ids);
+    round_trip(t, s, strlen(s));
+    /* decode rejects ids outside the vocabulary */
+    int32_t bad[2] = {5, 100000};
+    char *out;
+    size_t len;
+    CHECK_STATUS(ct_tokenizer_decode(t, bad, 2, &out, &len), CT_EINVAL);
+    ct_tokenizer_free(t);
+}
+
+/* Merges never cross a piece boundary: "x" and " y" are separate pieces, so no token holds
+ * "x y" however often it repeats; and the text compresses. */
+static void test_pieces(void)
+{
+    char text[2000] = "";
+    for (int i = 0; i < 200; i++)
+        strcat(text, "x y ");
+    ct_tokenizer *t = train(text, 300, 2);
+    for (int32_t id = 256; id < ct_tokenizer_eos(t); id++) {
+        const char *b;
+        size_t n;
+        CHECK_OK(ct_tokenizer_token_bytes(t, id, &b, &n));
+        bool crosses = false;
+        for (size_t i = 0; i + 1 < n; i++)
+            crosses |= b[i] != ' ' && b[i + 1] == ' ';
+        CHECK(!crosses);
+    }
+    int32_t *ids;
+    int64_t n;
+    CHECK_OK(ct_tokenizer_encode(t, text, strlen(text), &ids, &n));
+    CHECK(n <= (int64_t)strlen(text) / 2 + 1); /* "x", then " y", " x", ... one token each */
+    ct_free(ids);
+    ct_tokenizer_free(t);
+}
+
+static void test_files(void)
+{
+    ct_tokenizer *a = train(SAMPLE, 350, 2), *b = train(SAMPLE, 350, 2), *c;
+    char *ja, *jb, *jc;
+    CHECK_OK(ct_tokenizer_to_json(a, &ja));
+    CHECK_OK(ct_tokenizer_to_json(b, &jb));
+    CHECK(!strcmp(ja, jb)); /* deterministic */
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/ct_test_tok_%d.json", (int)getpid());
+    CHECK_OK(ct_tokenizer_save(a, path));
+    CHECK_OK(ct_tokenizer_load(path, &c));
+    CHECK_OK(ct_tokenizer_to_json(c, &jc));
+    CHECK(!strcmp(ja, jc));
+    round_trip(c, SAMPLE, strlen(SAMPLE));
+    remove(path);
+    ct_tokenizer *d = NULL;
+    CHECK_STATUS(ct_tokenizer_load(path, &d), CT_EIO);
+    CHECK(d == NULL);
+    const char *bad[] = {
+        "not json",
+        "{\"format\": \"other\", \"version\": 1, \"vocab_size\": 257, \"merges\": []}",
+        "{\"format\": \"ctorch-bpe\", \"version\": 2, \"vocab_size\": 257, \"merges\": []}",
+        "{\"format\": \"ctorch-bpe\", \"version\": 1, \"vocab_size\": 300, \"merges\": []}",
+        "{\"format\": \"ctorch-bpe\", \"version\": 1, \"vocab_size\": 258, \"merges\": [[97, "
+        "256]]}",
+        "{\"format\": \"ctorch-bpe\", \"version\": 1, \"vocab_size\": 259, \"merges\": [[97, 98], "
+        "[97, 98]]}",
+        "{\"format\": \"ctorch-bpe\", \"version\": 1, \"vocab_size\": 258, \"merges\": [[97]]}",
+        "{\"format\": \"ctorch-bpe\", \"version\": 1, \"vocab_size\": 258, \"merges\": [[-1, 2]]}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECK_STATUS(ct_tokenizer_from_json(bad[i], strlen(bad[i]), &d), CT_EFORMAT);
+    const char *ok = "{\"format\": \"ctorch-bpe\", \"version\": 1, \"vocab_size\": 258, "
+                     "\"merges\": [[104, 105]]}";
+    CHECK_OK(ct_tokenizer_from_json(ok, strlen(ok), &d));
+    round_trip(d, "hi hi", 5);
+    ct_tokenizer_free(d);
+    ct_bpe_options o = ct_bpe_options_default();
+    o.vocab_size = 256;
+    CHECK_STATUS(ct_tokenizer_train("abc", 3, &o, &d), CT_EINVAL);
+    o = ct_bpe_options_default();
+    o.min_frequency = 0;
+    CHECK_STATUS(ct_tokenizer_train("abc", 3, &o, &d), CT_EINVAL);
+    ct_free(ja);
+    ct_free(jb);
+    ct_free(jc);
+    ct_tokenizer_free(a);
+    ct_tokenizer_free(b);
+    ct_tokenizer_free(c);
+}
+
+static void test_utf8(void)
+{
+    size_t off = 99;
+    CHECK(ct_utf8_valid(SAMPLE, strlen(SAMPLE), &off));
+    CHECK(ct_utf8_valid("", 0, NULL));
+    CHECK(ct_utf8_valid("\xf0\x9f\x98\x80", 4, NULL)); /* U+1F600 */
+    struct {
+        const char *s;
+        size_t at;
+    } bad[] = {{"ab\xc0\x80", 2},  {"\xed\xa0\x80", 0}, {"x\xf4\x90\x80\x80", 1},
+               {"abc\xe6\x97", 3}, {"\x80", 0},         {"a\xff", 1},
+               {"\xc3(", 0}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK(!ct_utf8_valid(bad[i].s, strlen(bad[i].s), &off));
+        CHECK(off == bad[i].at);
+    }
+}
+
+int main(void)
+{
+    test_worked_example();
+    test_round_trips();
+    test_pieces();
+    test_files();
+    test_utf8();
+    return t_report("test_model_tokenizer");
+}
