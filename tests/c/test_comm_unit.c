@@ -4,6 +4,7 @@
  * split, the NaN check). Multi-process runs are in test_comm_ops / test_comm_faults. */
 #include "comm/comm_internal.h"
 #include "test_util.h"
+#include "../comm/comm_test_util.h" /* ct_put / ct_get */
 
 #include <jansson.h>
 #include <pthread.h>
@@ -181,57 +182,6 @@ static double val(int p, size_t i)
     return (double)((int)((i * 7 + (size_t)p * 13) % 11) - 5);
 }
 
-static void put(ct_dtype dt, void *buf, size_t i, double v)
-{
-    switch (dt) {
-    case CT_DTYPE_F32:
-        ((float *)buf)[i] = (float)v;
-        break;
-    case CT_DTYPE_F64:
-        ((double *)buf)[i] = v;
-        break;
-    case CT_DTYPE_F16:
-        ((uint16_t *)buf)[i] = ct_f32_to_f16((float)v);
-        break;
-    case CT_DTYPE_BF16:
-        ((uint16_t *)buf)[i] = ct_f32_to_bf16((float)v);
-        break;
-    case CT_DTYPE_I32:
-        ((int32_t *)buf)[i] = (int32_t)v;
-        break;
-    case CT_DTYPE_I64:
-        ((int64_t *)buf)[i] = (int64_t)v;
-        break;
-    case CT_DTYPE_U8:
-        ((uint8_t *)buf)[i] = (uint8_t)(int)v;
-        break;
-    default:
-        break;
-    }
-}
-
-static double get(ct_dtype dt, const void *buf, size_t i)
-{
-    switch (dt) {
-    case CT_DTYPE_F32:
-        return ((const float *)buf)[i];
-    case CT_DTYPE_F64:
-        return ((const double *)buf)[i];
-    case CT_DTYPE_F16:
-        return ct_f16_to_f32(((const uint16_t *)buf)[i]);
-    case CT_DTYPE_BF16:
-        return ct_bf16_to_f32(((const uint16_t *)buf)[i]);
-    case CT_DTYPE_I32:
-        return ((const int32_t *)buf)[i];
-    case CT_DTYPE_I64:
-        return (double)((const int64_t *)buf)[i];
-    case CT_DTYPE_U8:
-        return ((const uint8_t *)buf)[i];
-    default:
-        return 0;
-    }
-}
-
 static void body_ops(rank_ctx *r, ct_comm *c)
 {
     static const size_t sizes[] = {0, 1, 13, 4099, 70001};
@@ -246,14 +196,14 @@ static void body_ops(rank_ctx *r, ct_comm *c)
             uint8_t *in = calloc(n * (size_t)P + 1, es), *out = calloc(n * (size_t)P + 1, es);
             /* all_reduce sum (u8 inputs are taken mod 256) */
             for (size_t i = 0; i < n; i++)
-                put(dt, in, i, dt == CT_DTYPE_U8 ? val(me, i) + 5 : val(me, i));
+                ct_put(dt, in, i, dt == CT_DTYPE_U8 ? val(me, i) + 5 : val(me, i));
             RCHECK(r, ct_comm_all_reduce(c, in, out, n, dt, CT_REDUCE_SUM, 0, NULL) == CT_OK);
             int bad = 0;
             for (size_t i = 0; i < n && !bad; i++) {
                 double want = 0;
                 for (int p = 0; p < P; p++)
                     want += dt == CT_DTYPE_U8 ? val(p, i) + 5 : val(p, i);
-                bad = get(dt, out, i) != want;
+                bad = ct_get(dt, out, i) != want;
             }
             RCHECK(r, !bad);
             /* all_gather */
@@ -261,16 +211,16 @@ static void body_ops(rank_ctx *r, ct_comm *c)
             bad = 0;
             for (int p = 0; p < P && !bad; p++)
                 for (size_t i = 0; i < n && !bad; i++)
-                    bad = get(dt, out, (size_t)p * n + i) !=
+                    bad = ct_get(dt, out, (size_t)p * n + i) !=
                           (dt == CT_DTYPE_U8 ? val(p, i) + 5 : val(p, i));
             RCHECK(r, !bad);
             /* broadcast from the last rank, in place */
             for (size_t i = 0; i < n; i++)
-                put(dt, out, i, me == P - 1 ? val(99, i) + 5 : 0);
+                ct_put(dt, out, i, me == P - 1 ? val(99, i) + 5 : 0);
             RCHECK(r, ct_comm_broadcast(c, out, n, dt, P - 1, 0, NULL) == CT_OK);
             bad = 0;
             for (size_t i = 0; i < n && !bad; i++)
-                bad = get(dt, out, i) != val(99, i) + 5;
+                bad = ct_get(dt, out, i) != val(99, i) + 5;
             RCHECK(r, !bad);
             free(in);
             free(out);
