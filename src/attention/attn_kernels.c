@@ -8,6 +8,12 @@ void at_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, int64
              const float *B, int64_t ldb, float *C, int64_t ldc, bool acc, const float *rs)
 {
     if (ct_use_avx2()) {
+#if defined(__x86_64__) && defined(CT_HAVE_AVX512_KERNELS)
+        if (ct_cpu_has_avx512f()) {
+            at_gemm_avx512(M, N, K, A, ars, acs, B, ldb, C, ldc, acc, rs);
+            return;
+        }
+#endif
         at_gemm_avx2(M, N, K, A, ars, acs, B, ldb, C, ldc, acc, rs);
         return;
     }

@@ -39,6 +39,11 @@ void at_softcap_fwd(float *x, int64_t n, float cap);
 /* g[i] *= 1 - tanh(s[i] / cap)^2 over n contiguous values. */
 void at_softcap_bwd(const float *s, float *g, int64_t n, float cap);
 
+/* AVX-512F tile product: bitwise equal to the AVX2 one (attn_kernels_avx512.c), used when
+ * the AVX2 kernels are active and the CPU has AVX-512F. */
+void at_gemm_avx512(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, int64_t acs,
+                    const float *B, int64_t ldb, float *C, int64_t ldc, bool acc, const float *rs);
+
 /* AVX2 bodies. */
 void at_gemm_avx2(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, int64_t acs,
                   const float *B, int64_t ldb, float *C, int64_t ldc, bool acc, const float *rs);

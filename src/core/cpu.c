@@ -30,6 +30,20 @@ ct_isa ct_active_isa(void)
     return isa_active;
 }
 
+bool ct_cpu_has_avx512f(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    static int have = -1;
+    if (have < 0) {
+        __builtin_cpu_init();
+        have = __builtin_cpu_supports("avx512f") ? 1 : 0;
+    }
+    return have == 1;
+#else
+    return false;
+#endif
+}
+
 bool ct_use_avx2(void)
 {
     return ct_active_isa() == CT_ISA_AVX2;

@@ -32,6 +32,8 @@ static inline bool ct_add_size(size_t a, size_t b, size_t *out)
 
 /* True when the AVX2 kernels are to be used. */
 bool ct_use_avx2(void);
+/* True when the CPU has AVX-512F (wider variants of some AVX2 kernels, same results). */
+bool ct_cpu_has_avx512f(void);
 
 
 #endif
