@@ -538,8 +538,7 @@ ct_status ct_comm_init_env(const ct_comm_options *opt, ct_comm **out)
     ct_status st = ct_store_connect(addr, (int)port, o.timeout_s, &store);
     if (st) {
         ct_store_server_free(srv);
-        return ct_error(st, "%s: no store at MASTER_ADDR=%s MASTER_PORT=%ld: %s", fn, addr, port,
-                        ct_last_error());
+        return ct_error_wrap(st, "%s: no store at MASTER_ADDR=%s MASTER_PORT=%ld", fn, addr, port);
     }
     char prefix[256];
     snprintf(prefix, sizeof prefix, "ctc/%s/%lld", name, (long long)cm_store_next_id(store));

@@ -163,7 +163,7 @@ ct_status cm_mpi_init(ct_comm *c, int want_rank, int want_size, const cm_mpi_fro
         ct_status st = poll_req(c, &req, cm_now() + c->opt.timeout_s, &ab);
         if (st) {
             abandon(m, req);
-            return ct_error(st, "comm init (mpi): duplicating MPI_COMM_WORLD: %s", ct_last_error());
+            return ct_error_wrap(st, "comm init (mpi): duplicating MPI_COMM_WORLD");
         }
     }
     pthread_mutex_lock(&g_mu);

@@ -141,7 +141,7 @@ ct_status ct_comm_shrink(ct_comm *c, double timeout_s, ct_comm **out)
     }
     ct_free(alive);
     if (st)
-        return ct_error(st, "%s: the store failed during the agreement: %s", fn, ct_last_error());
+        return ct_error_wrap(st, "%s: the store failed during the agreement", fn);
     void *dv = NULL;
     size_t dl = 0;
     double left = deadline - cm_now();
@@ -176,8 +176,7 @@ ct_status ct_comm_shrink(ct_comm *c, double timeout_s, ct_comm **out)
     st = cm_comm_create(c->store, me, n, &c->opt, c->name, prefix, deadline, NULL, &nc);
     ct_free(members);
     if (st)
-        return ct_error(st, "%s: rebuilding '%s' of ranks %s failed: %s", fn, c->name, list,
-                        ct_last_error());
+        return ct_error_wrap(st, "%s: rebuilding '%s' of ranks %s failed", fn, c->name, list);
     cm_store_share(c, nc);
     cm_log_event(nc, CT_LOG_WARN, "shrink",
                  "\"old_rank\":%d,\"old_size\":%d,\"survivors\":\"%s\",\"ms\":%.3f", c->rank, P,

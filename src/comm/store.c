@@ -376,7 +376,7 @@ ct_status ct_store_connect(const char *host, int port, double timeout_s, ct_stor
     if (!(timeout_s > 0)) return ct_error(CT_EINVAL, "ct_store_connect: timeout_s must be > 0");
     int fd;
     ct_status st = cm_net_connect(host, port, cm_now() + timeout_s, &fd);
-    if (st) return ct_error(st, "ct_store_connect: %s", ct_last_error());
+    if (st) return ct_error_wrap(st, "ct_store_connect");
     ct_store *s;
     if ((st = ct_calloc((void **)&s, sizeof *s))) {
         close(fd);
@@ -462,9 +462,8 @@ static ct_status request(ct_store *s, const char *fn, uint8_t cmd, const char *k
     if (st) {
         ct_free(val);
         if (st == CT_EFORMAT) return st;
-        return ct_error(st == CT_ETIMEDOUT ? CT_ETIMEDOUT : CT_EIO,
-                        "%s: store %s:%d did not answer: %s", fn, s->host, s->port,
-                        ct_last_error());
+        return ct_error_wrap(st == CT_ETIMEDOUT ? CT_ETIMEDOUT : CT_EIO,
+                             "%s: store %s:%d did not answer", fn, s->host, s->port);
     }
     if (*status == ST_BAD) {
         ct_free(val);

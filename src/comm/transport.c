@@ -283,8 +283,8 @@ ct_status cm_tcp_setup(ct_comm *c, double deadline)
         hello m = {0x6374686cu, (uint32_t)r, h};
         if (!st) st = cm_net_send_all(c->links[p].fd, &m, sizeof m, deadline);
         if (st)
-            st = ct_error(st, "comm init '%s': rank %d cannot reach rank %d at %s:%d: %s", c->name,
-                          r, p, a[p].ip, a[p].port, ct_last_error());
+            st = ct_error_wrap(st, "comm init '%s': rank %d cannot reach rank %d at %s:%d",
+                               c->name, r, p, a[p].ip, a[p].port);
     }
     for (int got = 0; !st && got < P - 1 - r;) {
         int fd;
@@ -341,8 +341,7 @@ ct_status cm_tcp_setup(ct_comm *c, double deadline)
     }
     ct_free(a);
     if (st == CT_EPEER)
-        st = ct_error(CT_EPEER, "comm init '%s': a peer left during set-up: %s", c->name,
-                      ct_last_error());
+        st = ct_error_wrap(CT_EPEER, "comm init '%s': a peer left during set-up", c->name);
     return st;
 }
 

@@ -2,6 +2,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static _Thread_local char ct_err_buf[1024];
 
@@ -33,12 +34,38 @@ void ct_clear_error(void)
     ct_err_buf[0] = '\0';
 }
 
+/* Format into a local buffer, never into ct_err_buf directly: an argument may point into
+ * ct_err_buf (the caller's ct_last_error()), and vsnprintf's source and destination must not
+ * overlap. */
+static void format_aside(char *out, size_t cap, const char *fmt, va_list ap)
+{
+    if (vsnprintf(out, cap, fmt, ap) < 0) out[0] = '\0';
+}
+
 ct_status ct_error(ct_status s, const char *fmt, ...)
 {
+    char msg[sizeof ct_err_buf];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(ct_err_buf, sizeof ct_err_buf, fmt, ap);
+    format_aside(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(ct_err_buf, msg, strlen(msg) + 1);
+    return s;
+}
+
+ct_status ct_error_wrap(ct_status s, const char *fmt, ...)
+{
+    char ctx[sizeof ct_err_buf], cause[sizeof ct_err_buf];
+    memcpy(cause, ct_err_buf, sizeof cause);
+    cause[sizeof cause - 1] = '\0';
+    va_list ap;
+    va_start(ap, fmt);
+    format_aside(ctx, sizeof ctx, fmt, ap);
+    va_end(ap);
+    if (cause[0])
+        snprintf(ct_err_buf, sizeof ct_err_buf, "%s: %s", ctx, cause);
+    else
+        memcpy(ct_err_buf, ctx, strlen(ctx) + 1);
     return s;
 }
 

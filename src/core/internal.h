@@ -13,6 +13,17 @@ ct_status ct_error(ct_status s, const char *fmt, ...)
 #endif
     ;
 
+/* Prefix this thread's current message (the cause a callee recorded) with a formatted
+ * context and return `s`: the message becomes "<context>: <cause>" (just "<context>" when
+ * there is no cause). Use it instead of ct_error(s, "...: %s", ct_last_error()), which
+ * formats the message buffer into itself (undefined behaviour). The cause is truncated
+ * first when the whole does not fit the 1 KiB buffer. */
+ct_status ct_error_wrap(ct_status s, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
 /* Propagate a failing status. */
 #define CT_TRY(expr)                                                                       \
     do {                                                                                   \

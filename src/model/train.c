@@ -441,7 +441,7 @@ ct_status ct_gpt_checkpoint_config(const ct_tensor_file *f, ct_gpt_config *cfg)
             "missing)");
     *cfg = ct_gpt_config_default();
     ct_status s = ct_gpt_config_from_json(js, cfg);
-    if (s) return ct_error(CT_EFORMAT, "checkpoint: bad \"config\": %s", ct_last_error());
+    if (s) return ct_error_wrap(CT_EFORMAT, "checkpoint: bad \"config\"");
     return CT_OK;
 }
 
@@ -516,7 +516,7 @@ ct_status ct_trainer_load(ct_trainer *t, const char *path)
             ct_tensor dst = p;
             dst.data = t->moments + k * P + off;
             s = ct_tensor_file_read_into(f, idx, &dst);
-            if (s) s = ct_error(CT_EFORMAT, "checkpoint: tensor '%s': %s", nm, ct_last_error());
+            if (s) s = ct_error_wrap(CT_EFORMAT, "checkpoint: tensor '%s'", nm);
         }
     }
     ct_tensor_file_close(f);

@@ -2,6 +2,8 @@
  * tensors (views, contiguous, casts), scalar conversions. */
 #include "test_util.h"
 
+#include "core/internal.h"
+
 static void test_errors(void)
 {
     CHECK(!strcmp(ct_status_name(CT_EINVAL), "CT_EINVAL"));
@@ -11,6 +13,34 @@ static void test_errors(void)
     CHECK(strstr(ct_last_error(), "ndim") != NULL);
     ct_clear_error();
     CHECK(ct_last_error()[0] == '\0');
+
+    /* wrapping the current message keeps the cause whole (formatting the message buffer
+     * into itself used to garble it: "ctx: ctx: use..." ) */
+    CHECK(ct_error(CT_EINVAL, "gpt config: vocab_size must be in [2, 2^31), got %d", 1) ==
+          CT_EINVAL);
+    CHECK(ct_error_wrap(CT_EFORMAT, "checkpoint '%s': bad \"config\"", "a.st") == CT_EFORMAT);
+    CHECK(!strcmp(ct_last_error(), "checkpoint 'a.st': bad \"config\": gpt config: vocab_size "
+                                   "must be in [2, 2^31), got 1"));
+    CHECK(ct_error_wrap(CT_EIO, "outer") == CT_EIO);
+    CHECK(!strncmp(ct_last_error(), "outer: checkpoint 'a.st': bad", 29));
+    /* no cause: just the context */
+    ct_clear_error();
+    ct_error_wrap(CT_EIO, "alone %d", 7);
+    CHECK(!strcmp(ct_last_error(), "alone 7"));
+    /* ct_error given its own buffer as an argument is safe too */
+    ct_error(CT_EINVAL, "inner cause");
+    ct_error(CT_EINVAL, "outer: %s (%s)", ct_last_error(), ct_last_error());
+    CHECK(!strcmp(ct_last_error(), "outer: inner cause (inner cause)"));
+    /* a context plus cause longer than the buffer is cut, NUL-terminated, context first */
+    char big[1500];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    ct_error(CT_EINVAL, "%s", big);
+    ct_error_wrap(CT_EINVAL, "ctx");
+    CHECK(!strncmp(ct_last_error(), "ctx: xxx", 8) && strlen(ct_last_error()) == 1023);
+    ct_error_wrap(CT_EINVAL, "%s", big);
+    CHECK(strlen(ct_last_error()) == 1023 && ct_last_error()[0] == 'x');
+    ct_clear_error();
 }
 
 static void test_allocator(void)

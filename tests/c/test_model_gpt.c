@@ -214,6 +214,14 @@ static void test_resume(void)
     const char *nm[1] = {"x"};
     CHECK_OK(ct_save_safetensors(bad, &t1, nm, 1, NULL, NULL, 0, NULL));
     CHECK_STATUS(ct_trainer_load(r, bad), CT_EFORMAT);
+    /* a bad "config": the message says where and keeps the rule that broke, whole */
+    {
+        const char *mk[2] = {"format", "config"}, *mv[2] = {"ctorch-gpt", "{\"vocab_size\": 1}"};
+        CHECK_OK(ct_save_safetensors(bad, &t1, nm, 1, mk, mv, 2, NULL));
+        CHECK_STATUS(ct_trainer_load(r, bad), CT_EFORMAT);
+        CHECK(!strcmp(ct_last_error(), "checkpoint: bad \"config\": gpt config: vocab_size "
+                                       "must be in [2, 2^31), got 1"));
+    }
     remove(path);
     remove(bad);
     ct_trainer_free(a);
