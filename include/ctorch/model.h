@@ -3,12 +3,12 @@
  * backward written as layer pairs on the library's kernels, and a trainer around it.
  *
  * The model, for tokens x [B, T] (N = B T rows, C = d_model, H query heads and Hkv key/value
- * heads of E = C / H dims, F = d_ff):
+ * heads of E = head_dim dims (C / H by default), F = d_ff):
  *
  *     h = tok_embeddings[x]                                       [N, C]
  *     for each layer:
  *         a = rmsnorm(h) * attention_norm
- *         q = rope(a wq^T), k = rope(a wk^T), v = a wv^T          [B, T, H|Hkv, E]
+ *         q = rope(a wq^T + bq), k = rope(a wk^T + bk), v = a wv^T + bv   [B, T, H|Hkv, E]
  *         h = h + flex_attention(q, k, v, mask) wo^T              (GQA: head i reads kv head
  *                                                                  i / (H / Hkv))
  *         f = rmsnorm(h) * ffn_norm
@@ -18,7 +18,9 @@
  * The mask is causal, or a causal sliding window (token i sees tokens i - window .. i), and
  * with document masking (eos_token >= 0) a token sees only tokens of its own document (the
  * document id increases after each EOS token, which ends the document it belongs to). RoPE is
- * the rotate-half form with positions 0 .. T-1 of each sequence. The head is the fused linear
+ * the rotate-half form with positions 0 .. T-1 of each sequence, its frequencies optionally
+ * scaled (linear or llama3, see rope_scaling). Biases (bq, bk, bv, bo) exist only when
+ * configured (qkv_bias, o_bias). The head is the fused linear
  * cross-entropy (no [N, V] logits), or, as a baseline, the unfused linear + cross-entropy.
  *
  * Memory: parameters, gradients and activations are each ONE accounted allocation carved by a
@@ -30,7 +32,10 @@
  *   layers.{i}.attention.wq.weight [H E, C], .wk.weight [Hkv E, C], .wv.weight [Hkv E, C],
  *   layers.{i}.attention.wo.weight [C, H E],
  *   layers.{i}.feed_forward.w_gate_up.weight [2 F, C] (gate rows first), .w_down.weight [C, F],
- *   layers.{i}.attention_norm.weight [C], layers.{i}.ffn_norm.weight [C], norm.weight [C].
+ *   layers.{i}.attention_norm.weight [C], layers.{i}.ffn_norm.weight [C], norm.weight [C],
+ *   with qkv_bias: layers.{i}.attention.{wq,wk,wv}.bias [H E], [Hkv E], [Hkv E]; with o_bias:
+ *   layers.{i}.attention.wo.bias [C] (biases start at zero and are not weight-decayed).
+ * E is head_dim (d_model / n_head by default; Hugging Face models may have H E != C).
  *
  * Determinism: every kernel used gives the same bits for any thread count, and the model adds
  * its terms in a fixed order, so a forward and backward (and so a training run) are bitwise
@@ -68,7 +73,39 @@ typedef struct ct_gpt_config {
                              token embeddings have norm ~1 and the tied head's logits start at
                              std ~1; the residual projections (wo, w_down) get
                              init_std / sqrt(2 n_layer) */
+    int64_t head_dim;   /**< E, even; 0 (default): d_model / n_head (which must then divide);
+                             may differ from d_model / n_head (H E != C is allowed) */
+    bool qkv_bias;      /**< biases on the q, k, v projections (Qwen2; Llama attention_bias);
+                             default false */
+    bool o_bias;        /**< a bias on the output projection (Llama attention_bias); default
+                             false */
+    int32_t rope_scaling;  /**< CT_ROPE_SCALING_NONE (default), _LINEAR or _LLAMA3 (below) */
+    float rope_factor;     /**< linear and llama3: inverse frequencies divided by it (> 0);
+                                default 1 */
+    float rope_low_freq_factor, rope_high_freq_factor; /**< llama3 only: low < high, both > 0;
+                                                            default 1, 4 */
+    int64_t rope_original_context; /**< llama3 only: original_max_position_embeddings (>= 1);
+                                        default 8192 */
 } ct_gpt_config;
+
+/** RoPE frequency scaling, as Hugging Face's rope_scaling "rope_type" (ct_gpt_config). */
+enum {
+    CT_ROPE_SCALING_NONE = 0,   /**< inv_freq[i] = 1 / rope_base^(2i / E) */
+    CT_ROPE_SCALING_LINEAR = 1, /**< inv_freq / rope_factor */
+    CT_ROPE_SCALING_LLAMA3 = 2  /**< Llama 3.1: with wavelength w = 2 pi / inv_freq and
+                                     Lo = original_context / low, Lh = original_context / high:
+                                     w < Lh keeps inv_freq, w > Lo divides it by rope_factor, and
+                                     between, s = (original_context / w - low) / (high - low),
+                                     inv_freq ((1 - s) / factor + s) */
+};
+
+/** The head dim E of a configuration (head_dim, or d_model / n_head when 0). */
+CT_API int64_t ct_gpt_head_dim(const ct_gpt_config *cfg);
+
+/** The E / 2 RoPE inverse frequencies of a (checked) configuration into inv_freq, in f32 as
+ *  Hugging Face computes them (rope_base, then the rope_scaling above). CT_EINVAL for a bad
+ *  configuration. */
+CT_API ct_status ct_gpt_rope_inv_freq(const ct_gpt_config *cfg, float *inv_freq);
 
 /** The defaults listed above. */
 CT_API ct_gpt_config ct_gpt_config_default(void);
@@ -165,6 +202,11 @@ CT_API ct_status ct_gpt_forward(ct_gpt *m, const int32_t *tokens, int64_t B, int
 
 /** Next-token logits [V] after one sequence tokens[T] (1 <= T <= seq), into logits. */
 CT_API ct_status ct_gpt_next_logits(ct_gpt *m, const int32_t *tokens, int64_t T, float *logits);
+
+/** Logits of every position: tokens [B, T] int32 (1 <= B <= batch, 1 <= T <= seq) into
+ *  logits [B, T, V] f32. CT_EINVAL names a token outside [0, V). Gradients are untouched. */
+CT_API ct_status ct_gpt_logits(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T,
+                               float *logits);
 
 /** Load the parameters named as above from a tensor file (f32 or any float dtype, converted).
  *  CT_EFORMAT names a missing tensor or a shape that does not match the configuration. */

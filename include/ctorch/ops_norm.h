@@ -104,6 +104,18 @@ CT_API ct_status ct_rope_forward(float *out, const float *inp, const int32_t *po
 CT_API ct_status ct_rope_backward(float *dinp, const float *dout, const int32_t *positions,
                                   int64_t B, int64_t T, int64_t H, int64_t E, float base);
 
+/** ct_rope_forward with the E / 2 inverse frequencies given (inv_freq[i] replaces
+ *  1 / base^(2i / E): scaled RoPE such as Llama 3.1's, see ct_gpt_rope_inv_freq). Each must be
+ *  finite; CT_EINVAL names the first that is not. */
+CT_API ct_status ct_rope_forward_freqs(float *out, const float *inp, const int32_t *positions,
+                                       int64_t B, int64_t T, int64_t H, int64_t E,
+                                       const float *inv_freq);
+
+/** Backward of ct_rope_forward_freqs (the inverse rotation); dinp may alias dout. */
+CT_API ct_status ct_rope_backward_freqs(float *dinp, const float *dout, const int32_t *positions,
+                                        int64_t B, int64_t T, int64_t H, int64_t E,
+                                        const float *inv_freq);
+
 #ifdef __cplusplus
 }
 #endif

@@ -9,8 +9,47 @@
 
 ct_gpt_config ct_gpt_config_default(void)
 {
-    ct_gpt_config c = {32768, 128, 4, 128, 4, 2, 384, 10000.0f, 0, true, 1e-5f, 0.0f};
+    ct_gpt_config c = {32768, 128, 4, 128, 4, 2, 384, 10000.0f, 0, true, 1e-5f, 0.0f,
+                       0,     false, false, CT_ROPE_SCALING_NONE, 1.0f, 1.0f, 4.0f, 8192};
     return c;
+}
+
+int64_t ct_gpt_head_dim(const ct_gpt_config *c)
+{
+    return c->head_dim ? c->head_dim : c->d_model / (c->n_head ? c->n_head : 1);
+}
+
+static const char *SCALING[] = {"none", "linear", "llama3"};
+
+ct_status ct_gpt_rope_inv_freq(const ct_gpt_config *c, float *inv_freq)
+{
+    CT_TRY(ct_gpt_config_check(c));
+    if (!inv_freq) return ct_error(CT_EINVAL, "ct_gpt_rope_inv_freq: inv_freq must not be NULL");
+    int64_t E = ct_gpt_head_dim(c), P = E / 2;
+    /* as Hugging Face: 1 / base ** (arange(0, E, 2).float() / E), all in f32 */
+    for (int64_t i = 0; i < P; i++)
+        inv_freq[i] = 1.0f / powf(c->rope_base, (float)(2 * i) / (float)E);
+    if (c->rope_scaling == CT_ROPE_SCALING_LINEAR) {
+        for (int64_t i = 0; i < P; i++)
+            inv_freq[i] = inv_freq[i] / c->rope_factor;
+    } else if (c->rope_scaling == CT_ROPE_SCALING_LLAMA3) {
+        /* HF computes the wavelengths and bounds in f32 tensors against Python floats */
+        float factor = c->rope_factor, lo = c->rope_low_freq_factor,
+              hi = c->rope_high_freq_factor, old = (float)c->rope_original_context;
+        double lo_wave = (double)c->rope_original_context / lo,
+               hi_wave = (double)c->rope_original_context / hi;
+        const float two_pi = (float)(2.0 * 3.14159265358979323846);
+        for (int64_t i = 0; i < P; i++) {
+            float f = inv_freq[i], wave = two_pi / f;
+            float scaled = (double)wave > lo_wave ? f / factor : f;
+            if (!((double)wave < hi_wave) && !((double)wave > lo_wave)) {
+                float sm = (old / wave - lo) / (hi - lo);
+                scaled = (1.0f - sm) * scaled / factor + sm * scaled;
+            }
+            inv_freq[i] = scaled;
+        }
+    }
+    return CT_OK;
 }
 
 ct_status ct_gpt_config_check(const ct_gpt_config *c)
@@ -29,14 +68,21 @@ ct_status ct_gpt_config_check(const ct_gpt_config *c)
     if (c->n_head < 1 || c->n_head > 1024)
         return ct_error(CT_EINVAL, "%s: n_head must be in [1, 1024], got %lld", fn,
                         (long long)c->n_head);
-    if (c->d_model < 2 || c->d_model > (1 << 16) || c->d_model % c->n_head)
+    if (c->head_dim < 0 || c->head_dim > 4096 || c->head_dim % 2)
+        return ct_error(CT_EINVAL,
+                        "%s: head_dim must be even in [0, 4096] (0: d_model / n_head), got %lld",
+                        fn, (long long)c->head_dim);
+    if (c->d_model < 2 || c->d_model > (1 << 16) || (!c->head_dim && c->d_model % c->n_head))
         return ct_error(CT_EINVAL,
                         "%s: d_model must be a multiple of n_head = %lld in [2, 65536], got %lld",
                         fn, (long long)c->n_head, (long long)c->d_model);
-    if ((c->d_model / c->n_head) % 2)
+    if ((c->d_model / c->n_head) % 2 && !c->head_dim)
         return ct_error(
             CT_EINVAL, "%s: the head dim d_model / n_head = %lld must be even (RoPE rotates pairs)",
             fn, (long long)(c->d_model / c->n_head));
+    if (ct_gpt_head_dim(c) < 2)
+        return ct_error(CT_EINVAL, "%s: the head dim must be >= 2, got %lld", fn,
+                        (long long)ct_gpt_head_dim(c));
     if (c->n_kv_head < 1 || c->n_head % c->n_kv_head)
         return ct_error(CT_EINVAL, "%s: n_kv_head must divide n_head = %lld, got %lld", fn,
                         (long long)c->n_head, (long long)c->n_kv_head);
@@ -54,6 +100,21 @@ ct_status ct_gpt_config_check(const ct_gpt_config *c)
     if (!(c->init_std >= 0) || !isfinite(c->init_std))
         return ct_error(CT_EINVAL, "%s: init_std must be >= 0 (0: 1 / sqrt(d_model)), got %g", fn,
                         c->init_std);
+    if (c->rope_scaling < CT_ROPE_SCALING_NONE || c->rope_scaling > CT_ROPE_SCALING_LLAMA3)
+        return ct_error(CT_EINVAL, "%s: rope_scaling must be 0 (none), 1 (linear) or 2 (llama3), "
+                        "got %d", fn, (int)c->rope_scaling);
+    if (!(c->rope_factor > 0) || !isfinite(c->rope_factor))
+        return ct_error(CT_EINVAL, "%s: rope_factor must be > 0 and finite, got %g", fn,
+                        c->rope_factor);
+    if (!(c->rope_low_freq_factor > 0) || !isfinite(c->rope_high_freq_factor) ||
+        !(c->rope_high_freq_factor > c->rope_low_freq_factor))
+        return ct_error(CT_EINVAL,
+                        "%s: rope_low_freq_factor and rope_high_freq_factor must be finite with "
+                        "0 < low < high, got %g and %g",
+                        fn, c->rope_low_freq_factor, c->rope_high_freq_factor);
+    if (c->rope_original_context < 1 || c->rope_original_context > (1 << 30))
+        return ct_error(CT_EINVAL, "%s: rope_original_context must be in [1, 2^30], got %lld", fn,
+                        (long long)c->rope_original_context);
     return CT_OK;
 }
 
@@ -61,6 +122,9 @@ ct_status ct_gpt_config_to_json(const ct_gpt_config *c, char **json)
 {
     if (!c || !json)
         return ct_error(CT_EINVAL, "ct_gpt_config_to_json: arguments must not be NULL");
+    if (c->rope_scaling < 0 || c->rope_scaling > 2)
+        return ct_error(CT_EINVAL, "ct_gpt_config_to_json: rope_scaling %d is not 0, 1 or 2",
+                        (int)c->rope_scaling);
     json_t *j = json_pack(
         "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:b, s:f, s:f}", "vocab_size",
         (json_int_t)c->vocab_size, "context", (json_int_t)c->context, "n_layer",
@@ -68,6 +132,25 @@ ct_status ct_gpt_config_to_json(const ct_gpt_config *c, char **json)
         "n_kv_head", (json_int_t)c->n_kv_head, "d_ff", (json_int_t)c->d_ff, "rope_base",
         (double)c->rope_base, "window", (json_int_t)c->window, "tied", (int)c->tied, "norm_eps",
         (double)c->norm_eps, "init_std", (double)c->init_std);
+    /* the keys added with Hugging Face models, written only when they differ from the defaults
+     * so the configurations of older checkpoints keep their JSON text */
+    ct_gpt_config d = ct_gpt_config_default();
+    if (j && c->head_dim != d.head_dim)
+        json_object_set_new(j, "head_dim", json_integer((json_int_t)c->head_dim));
+    if (j && c->qkv_bias) json_object_set_new(j, "qkv_bias", json_true());
+    if (j && c->o_bias) json_object_set_new(j, "o_bias", json_true());
+    if (j && c->rope_scaling != d.rope_scaling) {
+        json_object_set_new(j, "rope_scaling", json_string(SCALING[c->rope_scaling]));
+        json_object_set_new(j, "rope_factor", json_real((double)c->rope_factor));
+        if (c->rope_scaling == CT_ROPE_SCALING_LLAMA3) {
+            json_object_set_new(j, "rope_low_freq_factor",
+                                json_real((double)c->rope_low_freq_factor));
+            json_object_set_new(j, "rope_high_freq_factor",
+                                json_real((double)c->rope_high_freq_factor));
+            json_object_set_new(j, "rope_original_context",
+                                json_integer((json_int_t)c->rope_original_context));
+        }
+    }
     char *s = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9)) : NULL;
     json_decref(j);
     if (!s) return ct_error(CT_ENOMEM, "ct_gpt_config_to_json: out of memory");
@@ -90,11 +173,19 @@ ct_status ct_gpt_config_from_json(const char *text, ct_gpt_config *c)
         return ct_error(CT_EFORMAT, "gpt config: must be a JSON object");
     }
     static const char *ints[] = {"vocab_size", "context",   "n_layer", "d_model",
-                                 "n_head",     "n_kv_head", "d_ff",    "window"};
+                                 "n_head",     "n_kv_head", "d_ff",    "window",
+                                 "head_dim",   "rope_original_context"};
     int64_t *iv[] = {&c->vocab_size, &c->context,   &c->n_layer, &c->d_model,
-                     &c->n_head,     &c->n_kv_head, &c->d_ff,    &c->window};
-    static const char *floats[] = {"rope_base", "norm_eps", "init_std"};
-    float *fv[] = {&c->rope_base, &c->norm_eps, &c->init_std};
+                     &c->n_head,     &c->n_kv_head, &c->d_ff,    &c->window,
+                     &c->head_dim,   &c->rope_original_context};
+    static const char *floats[] = {"rope_base",   "norm_eps",
+                                   "init_std",    "rope_factor",
+                                   "rope_low_freq_factor", "rope_high_freq_factor"};
+    float *fv[] = {&c->rope_base,   &c->norm_eps,
+                   &c->init_std,    &c->rope_factor,
+                   &c->rope_low_freq_factor, &c->rope_high_freq_factor};
+    static const char *bools[] = {"tied", "qkv_bias", "o_bias"};
+    bool *bv[] = {&c->tied, &c->qkv_bias, &c->o_bias};
     const char *key;
     json_t *val;
     ct_status s = CT_OK;
@@ -119,18 +210,33 @@ ct_status ct_gpt_config_from_json(const char *text, ct_gpt_config *c)
                 }
                 *fv[i] = (float)json_number_value(val);
             }
-        if (!known && !strcmp(key, "tied")) {
+        for (size_t i = 0; i < sizeof bools / sizeof bools[0] && !known; i++)
+            if (!strcmp(key, bools[i])) {
+                known = true;
+                if (!json_is_boolean(val))
+                    s = ct_error(CT_EFORMAT, "gpt config: \"%s\" must be true or false", key);
+                else
+                    *bv[i] = json_is_true(val);
+            }
+        if (!known && !strcmp(key, "rope_scaling")) {
             known = true;
-            if (!json_is_boolean(val))
-                s = ct_error(CT_EFORMAT, "gpt config: \"tied\" must be true or false");
+            int found = -1;
+            for (int i = 0; i < 3 && json_is_string(val); i++)
+                if (!strcmp(json_string_value(val), SCALING[i])) found = i;
+            if (found < 0)
+                s = ct_error(CT_EFORMAT,
+                             "gpt config: \"rope_scaling\" must be \"none\", \"linear\" or "
+                             "\"llama3\"");
             else
-                c->tied = json_is_true(val);
+                c->rope_scaling = found;
         }
         if (!known && s == CT_OK)
             s = ct_error(
                 CT_EFORMAT,
                 "gpt config: unknown key \"%s\" (keys: vocab_size, context, n_layer, "
-                "d_model, n_head, n_kv_head, d_ff, rope_base, window, tied, norm_eps, init_std)",
+                "d_model, n_head, n_kv_head, d_ff, rope_base, window, tied, norm_eps, init_std, "
+                "head_dim, qkv_bias, o_bias, rope_scaling, rope_factor, rope_low_freq_factor, "
+                "rope_high_freq_factor, rope_original_context)",
                 key);
         if (s) break;
     }

@@ -58,7 +58,7 @@ static void add_tensor(ct_gpt *m, const char *name, int64_t r, int64_t c)
 static void tensor_table(ct_gpt *m)
 {
     const ct_gpt_config *c = &m->cfg;
-    int64_t C = c->d_model, E = C / c->n_head, HE = c->n_head * E, KE = c->n_kv_head * E,
+    int64_t C = c->d_model, E = ct_gpt_head_dim(c), HE = c->n_head * E, KE = c->n_kv_head * E,
             F = c->d_ff;
     char nm[80];
     add_tensor(m, "tok_embeddings.weight", c->vocab_size, C);
@@ -83,6 +83,18 @@ static void tensor_table(ct_gpt *m)
         add_tensor(m, nm, C, 0);
         snprintf(nm, sizeof nm, "layers.%lld.ffn_norm.weight", (long long)l);
         add_tensor(m, nm, C, 0);
+        if (c->qkv_bias) {
+            snprintf(nm, sizeof nm, "layers.%lld.attention.wq.bias", (long long)l);
+            add_tensor(m, nm, HE, 0);
+            snprintf(nm, sizeof nm, "layers.%lld.attention.wk.bias", (long long)l);
+            add_tensor(m, nm, KE, 0);
+            snprintf(nm, sizeof nm, "layers.%lld.attention.wv.bias", (long long)l);
+            add_tensor(m, nm, KE, 0);
+        }
+        if (c->o_bias) {
+            snprintf(nm, sizeof nm, "layers.%lld.attention.wo.bias", (long long)l);
+            add_tensor(m, nm, C, 0);
+        }
     }
     add_tensor(m, "norm.weight", C, 0);
 }
@@ -101,10 +113,19 @@ static void bind(const ct_gpt *m, float *base, gpt_weights *w)
         L->wo = base + m->tensors[k++].offset;
         L->wgu = base + m->tensors[k++].offset;
         L->wdown = base + m->tensors[k++].offset;
+        L->wup = L->wgu + m->cfg.d_ff * m->cfg.d_model;
     }
     for (int64_t l = 0; l < m->cfg.n_layer; l++) {
-        w->layer[l].norm1 = base + m->tensors[k++].offset;
-        w->layer[l].norm2 = base + m->tensors[k++].offset;
+        gpt_layer *L = &w->layer[l];
+        L->norm1 = base + m->tensors[k++].offset;
+        L->norm2 = base + m->tensors[k++].offset;
+        L->bq = L->bk = L->bv = L->bo = NULL;
+        if (m->cfg.qkv_bias) {
+            L->bq = base + m->tensors[k++].offset;
+            L->bk = base + m->tensors[k++].offset;
+            L->bv = base + m->tensors[k++].offset;
+        }
+        if (m->cfg.o_bias) L->bo = base + m->tensors[k++].offset;
     }
     w->norm = base + m->tensors[k].offset;
 }
@@ -142,7 +163,9 @@ ct_status ct_gpt_create(const ct_gpt_config *cfg, const ct_gpt_options *opt, ct_
     m->opt = o;
     int64_t L = cfg->n_layer;
     ct_status s;
-    if ((s = ct_calloc((void **)&m->tensors, (size_t)(3 + 8 * L) * sizeof(gpt_tensor))) ||
+    if ((s = ct_calloc((void **)&m->tensors, (size_t)(3 + 12 * L) * sizeof(gpt_tensor))) ||
+        (s = ct_calloc((void **)&m->inv_freq, (size_t)ct_gpt_head_dim(cfg) / 2 * sizeof(float))) ||
+        (s = ct_gpt_rope_inv_freq(cfg, m->inv_freq)) ||
         (s = ct_calloc((void **)&m->w.layer, (size_t)L * sizeof(gpt_layer))) ||
         (s = ct_calloc((void **)&m->g.layer, (size_t)L * sizeof(gpt_layer)))) {
         ct_gpt_free(m);
@@ -164,7 +187,7 @@ ct_status ct_gpt_create(const ct_gpt_config *cfg, const ct_gpt_options *opt, ct_
 
     /* the activation table: [B T] rows of each quantity the backward needs, per layer */
     size_t B = (size_t)o.batch, T = (size_t)o.seq, N = sat(B, T);
-    size_t C = (size_t)cfg->d_model, E = C / (size_t)cfg->n_head, HE = (size_t)cfg->n_head * E;
+    size_t C = (size_t)cfg->d_model, E = (size_t)ct_gpt_head_dim(cfg), HE = (size_t)cfg->n_head * E;
     size_t KE = (size_t)cfg->n_kv_head * E, F = (size_t)cfg->d_ff, Ls = (size_t)L;
     size_t V = (size_t)cfg->vocab_size, Nf = sat(N, sizeof(float)), LNf = sat(Ls, Nf);
     size_t NC = sat(Nf, C), LNC = sat(LNf, C); /* bytes of [N, C] and [L][N, C] */
@@ -243,6 +266,7 @@ void ct_gpt_free(ct_gpt *m)
     ct_free(m->w.layer);
     ct_free(m->g.layer);
     ct_free(m->tensors);
+    ct_free(m->inv_freq);
     ct_free(m);
 }
 
@@ -318,8 +342,9 @@ ct_status ct_gpt_init(ct_gpt *m, uint64_t seed)
         const gpt_tensor *t = &m->tensors[i];
         float *p = m->params + t->offset;
         if (!t->decay) {
+            bool bias = strstr(t->name, ".bias") != NULL;
             for (int64_t j = 0; j < t->numel; j++)
-                p[j] = 1.0f;
+                p[j] = bias ? 0.0f : 1.0f;
             continue;
         }
         bool residual = strstr(t->name, ".wo.") || strstr(t->name, ".w_down.");
@@ -418,7 +443,7 @@ static ct_status prepare_mask(ct_gpt *m, int64_t B, int64_t T)
 static ct_status attention_forward(ct_gpt *m, int l, int64_t B, int64_t T)
 {
     const ct_gpt_config *c = &m->cfg;
-    int64_t E = c->d_model / c->n_head, H = c->n_head, K = c->n_kv_head, N = B * T;
+    int64_t E = gpt_E(m), H = c->n_head, K = c->n_kv_head, N = B * T;
     size_t lo = (size_t)l * (size_t)N;
     ct_tensor q, k, v, o, lse;
     CT_TRY(head_view(&q, m->a.q + lo * H * E, B, T, H, E));
@@ -445,7 +470,7 @@ static ct_status attention_forward(ct_gpt *m, int l, int64_t B, int64_t T)
 static ct_status attention_backward(ct_gpt *m, int l, int64_t B, int64_t T)
 {
     const ct_gpt_config *c = &m->cfg;
-    int64_t E = c->d_model / c->n_head, H = c->n_head, K = c->n_kv_head, N = B * T;
+    int64_t E = gpt_E(m), H = c->n_head, K = c->n_kv_head, N = B * T;
     size_t lo = (size_t)l * (size_t)N;
     ct_tensor q, k, v, o, lse, dout, dq, dk, dv;
     CT_TRY(head_view(&q, m->a.q + lo * H * E, B, T, H, E));
@@ -475,6 +500,36 @@ static ct_status attention_backward(ct_gpt *m, int l, int64_t B, int64_t T)
 
 /* ---- forward ------------------------------------------------------------------------------- */
 
+/* RoPE of x [B, T, heads, E] in place at positions 0 .. T-1 (inverse rotation: backward). The
+ * default frequencies go through ct_rope_forward itself (the bits of older models). */
+static ct_status gpt_rope(const ct_gpt *m, float *x, int64_t B, int64_t T, int64_t heads,
+                          bool backward)
+{
+    const ct_gpt_config *c = &m->cfg;
+    int64_t E = gpt_E(m);
+    if (c->rope_scaling == CT_ROPE_SCALING_NONE)
+        return backward ? ct_rope_backward(x, x, NULL, B, T, heads, E, c->rope_base)
+                        : ct_rope_forward(x, x, NULL, B, T, heads, E, c->rope_base);
+    return backward ? ct_rope_backward_freqs(x, x, NULL, B, T, heads, E, m->inv_freq)
+                    : ct_rope_forward_freqs(x, x, NULL, B, T, heads, E, m->inv_freq);
+}
+
+/* x[n, :] += b for each of N rows of C. */
+static void add_rows(float *x, const float *b, int64_t N, int64_t C)
+{
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t j = 0; j < C; j++)
+            x[n * C + j] += b[j];
+}
+
+/* db[j] += sum over the N rows of d[n, j], rows in order (deterministic). */
+static void sum_rows(float *db, const float *d, int64_t N, int64_t C)
+{
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t j = 0; j < C; j++)
+            db[j] += d[n * C + j];
+}
+
 static ct_status load_batch(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T, const char *fn)
 {
     if (!m || !tokens) return ct_error(CT_EINVAL, "%s: m and tokens must not be NULL", fn);
@@ -502,7 +557,7 @@ static ct_status load_batch(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t
 static ct_status forward_body(ct_gpt *m, int64_t B, int64_t T)
 {
     const ct_gpt_config *c = &m->cfg;
-    int64_t N = B * T, C = c->d_model, E = C / c->n_head, H = c->n_head, K = c->n_kv_head;
+    int64_t N = B * T, C = c->d_model, E = gpt_E(m), H = c->n_head, K = c->n_kv_head;
     int64_t HE = H * E, KE = K * E, F = c->d_ff;
     gpt_acts *a = &m->a;
     CT_TRY(prepare_mask(m, B, T));
@@ -517,17 +572,23 @@ static ct_status forward_body(ct_gpt *m, int64_t B, int64_t T)
               *h = a->hb + lo * F;
         /* attention block: x2 = x + attention(rope(q), rope(k), v) wo^T */
         CT_TRY(ct_rmsnorm_forward(ln1, a->rstd1 + lo, x, w->norm1, N, C, c->norm_eps));
-        CT_TRY(ct_linear_forward(q, ln1, w->wq, NULL, N, C, HE));
-        CT_TRY(ct_linear_forward(k, ln1, w->wk, NULL, N, C, KE));
-        CT_TRY(ct_linear_forward(v, ln1, w->wv, NULL, N, C, KE));
-        CT_TRY(ct_rope_forward(q, q, NULL, B, T, H, E, c->rope_base));
-        CT_TRY(ct_rope_forward(k, k, NULL, B, T, K, E, c->rope_base));
+        CT_TRY(ct_linear_forward(q, ln1, w->wq, w->bq, N, C, HE));
+        CT_TRY(ct_linear_forward(k, ln1, w->wk, w->bk, N, C, KE));
+        CT_TRY(ct_linear_forward(v, ln1, w->wv, w->bv, N, C, KE));
+        CT_TRY(gpt_rope(m, q, B, T, H, false));
+        CT_TRY(gpt_rope(m, k, B, T, K, false));
         CT_TRY(attention_forward(m, (int)l, B, T));
         memcpy(x2, x, (size_t)(N * C) * sizeof(float));
         CT_TRY(ct_gemm_f32(false, true, N, C, HE, 1.0f, att, HE, w->wo, HE, 1.0f, x2, C));
+        if (w->bo) add_rows(x2, w->bo, N, C);
         /* MLP block: out = x2 + swiglu(rmsnorm(x2) w_gate_up^T) w_down^T */
         CT_TRY(ct_rmsnorm_forward(ln2, a->rstd2 + lo, x2, w->norm2, N, C, c->norm_eps));
-        CT_TRY(ct_linear_forward(gu, ln2, w->wgu, NULL, N, C, 2 * F));
+        if (w->wup == w->wgu + F * C) {
+            CT_TRY(ct_linear_forward(gu, ln2, w->wgu, NULL, N, C, 2 * F));
+        } else { /* gate and up held apart (weights mapped from a file) */
+            CT_TRY(ct_gemm_f32(false, true, N, F, C, 1.0f, ln2, C, w->wgu, C, 0.0f, gu, 2 * F));
+            CT_TRY(ct_gemm_f32(false, true, N, F, C, 1.0f, ln2, C, w->wup, C, 0.0f, gu + F, 2 * F));
+        }
         CT_TRY(ct_swiglu_forward(h, gu, N, F));
         memcpy(out, x2, (size_t)(N * C) * sizeof(float));
         CT_TRY(ct_gemm_f32(false, true, N, C, F, 1.0f, h, F, w->wdown, F, 1.0f, out, C));
@@ -581,6 +642,28 @@ ct_status ct_gpt_next_logits(ct_gpt *m, const int32_t *tokens, int64_t T, float 
     return ct_linear_forward(logits, m->a.lnf + (T - 1) * C, m->w.out, NULL, 1, C, V);
 }
 
+ct_status ct_gpt_logits(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T, float *logits)
+{
+    const char *fn = "ct_gpt_logits";
+    if (!m || !tokens || !logits) return ct_error(CT_EINVAL, "%s: arguments must not be NULL", fn);
+    if (B < 1 || B > m->opt.batch)
+        return ct_error(CT_EINVAL, "%s: B must be in [1, batch = %lld], got %lld", fn,
+                        (long long)m->opt.batch, (long long)B);
+    if (T < 1 || T > m->opt.seq)
+        return ct_error(CT_EINVAL, "%s: T must be in [1, seq = %lld], got %lld", fn,
+                        (long long)m->opt.seq, (long long)T);
+    int64_t V = m->cfg.vocab_size, C = m->cfg.d_model;
+    for (int64_t i = 0; i < B * T; i++) {
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return ct_error(CT_EINVAL,
+                            "%s: tokens[%lld][%lld] = %d is outside the vocabulary [0, %lld)", fn,
+                            (long long)(i / T), (long long)(i % T), tokens[i], (long long)V);
+        m->a.inp[i] = tokens[i];
+    }
+    CT_TRY(forward_body(m, B, T));
+    return ct_linear_forward(logits, m->a.lnf, m->w.out, NULL, B * T, C, V);
+}
+
 /* ---- backward ------------------------------------------------------------------------------ */
 
 ct_status ct_gpt_forward_backward(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T,
@@ -589,7 +672,7 @@ ct_status ct_gpt_forward_backward(ct_gpt *m, const int32_t *tokens, int64_t B, i
     CT_TRY(load_batch(m, tokens, B, T, "ct_gpt_forward_backward"));
     CT_TRY(forward_body(m, B, T));
     const ct_gpt_config *c = &m->cfg;
-    int64_t N = B * T, C = c->d_model, E = C / c->n_head, H = c->n_head, K = c->n_kv_head;
+    int64_t N = B * T, C = c->d_model, E = gpt_E(m), H = c->n_head, K = c->n_kv_head;
     int64_t HE = H * E, KE = K * E, F = c->d_ff, V = c->vocab_size;
     gpt_acts *a = &m->a;
     float lossv = 0;
@@ -623,15 +706,29 @@ ct_status ct_gpt_forward_backward(ct_gpt *m, const int32_t *tokens, int64_t B, i
         CT_TRY(ct_gemm_f32(true, false, C, F, N, 1.0f, a->dres, C, h, F, 1.0f, g->wdown, F));
         CT_TRY(ct_gemm_f32(false, false, N, F, C, 1.0f, a->dres, C, w->wdown, F, 0.0f, a->dh, F));
         CT_TRY(ct_swiglu_backward(a->dgu, a->dh, gu, N, F));
-        CT_TRY(ct_linear_backward(a->dln, g->wgu, NULL, a->dgu, ln2, w->wgu, N, C, 2 * F));
+        if (w->wup == w->wgu + F * C) {
+            CT_TRY(ct_linear_backward(a->dln, g->wgu, NULL, a->dgu, ln2, w->wgu, N, C, 2 * F));
+        } else {
+            CT_TRY(ct_linear_backward(NULL, g->wgu, NULL, a->dgu, ln2, w->wgu, N, C, 2 * F));
+            CT_TRY(ct_gemm_f32(false, false, N, C, F, 1.0f, a->dgu, 2 * F, w->wgu, C, 0.0f, a->dln,
+                               C));
+            CT_TRY(ct_gemm_f32(false, false, N, C, F, 1.0f, a->dgu + F, 2 * F, w->wup, C, 1.0f,
+                               a->dln, C));
+        }
         CT_TRY(ct_rmsnorm_backward(a->dtmp, g->norm2, a->dln, x2, w->norm2, a->rstd2 + lo, N, C));
         CT_TRY(ct_add(a->dres, a->dres, a->dtmp, N * C));
         /* attention block: dres is d x2 */
+        if (g->bo) sum_rows(g->bo, a->dres, N, C);
         CT_TRY(ct_gemm_f32(true, false, C, HE, N, 1.0f, a->dres, C, att, HE, 1.0f, g->wo, HE));
         CT_TRY(ct_gemm_f32(false, false, N, HE, C, 1.0f, a->dres, C, w->wo, HE, 0.0f, a->datt, HE));
         CT_TRY(attention_backward(m, (int)l, B, T));
-        CT_TRY(ct_rope_backward(a->dq, a->dq, NULL, B, T, H, E, c->rope_base));
-        CT_TRY(ct_rope_backward(a->dk, a->dk, NULL, B, T, K, E, c->rope_base));
+        CT_TRY(gpt_rope(m, a->dq, B, T, H, true));
+        CT_TRY(gpt_rope(m, a->dk, B, T, K, true));
+        if (g->bq) {
+            sum_rows(g->bq, a->dq, N, HE);
+            sum_rows(g->bk, a->dk, N, KE);
+            sum_rows(g->bv, a->dv, N, KE);
+        }
         CT_TRY(ct_gemm_f32(false, false, N, C, HE, 1.0f, a->dq, HE, w->wq, C, 0.0f, a->dln, C));
         CT_TRY(ct_gemm_f32(false, false, N, C, KE, 1.0f, a->dk, KE, w->wk, C, 1.0f, a->dln, C));
         CT_TRY(ct_gemm_f32(false, false, N, C, KE, 1.0f, a->dv, KE, w->wv, C, 1.0f, a->dln, C));

@@ -20,6 +20,8 @@ typedef struct gpt_tensor {
 /* Views of one layer's tensors inside a flat array (parameters or gradients). */
 typedef struct gpt_layer {
     float *wq, *wk, *wv, *wo, *wgu, *wdown, *norm1, *norm2;
+    float *wup;              /* the up rows [F, C]: wgu + F C unless pointed elsewhere */
+    float *bq, *bk, *bv, *bo; /* NULL unless qkv_bias / o_bias */
 } gpt_layer;
 
 typedef struct gpt_weights {
@@ -55,6 +57,13 @@ struct ct_gpt {
     ct_mask_mod base_mask, doc_mask, and_mask;
     ct_block_mask *bm;
     int64_t bm_T; /* T of the cached causal block mask (0: none cached) */
+    float *inv_freq; /* [E / 2] RoPE inverse frequencies (ct_gpt_rope_inv_freq) */
 };
+
+/* Head dim of the model (cfg.head_dim or d_model / n_head). */
+static inline int64_t gpt_E(const ct_gpt *m)
+{
+    return ct_gpt_head_dim(&m->cfg);
+}
 
 #endif

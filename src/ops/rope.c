@@ -53,7 +53,7 @@ static void rotate_body(void *arg, int64_t r0, int64_t r1, int tid)
 
 static ct_status rope(const char *fn, float *out, const char *out_name, const float *inp,
                       const char *inp_name, const int32_t *positions, int64_t B, int64_t T,
-                      int64_t H, int64_t E, float base, float sign)
+                      int64_t H, int64_t E, float base, const float *given, float sign)
 {
     if (B < 0 || T < 0 || H < 0 || E < 0)
         return ct_error(CT_EINVAL,
@@ -64,7 +64,7 @@ static ct_status rope(const char *fn, float *out, const char *out_name, const fl
         return ct_error(CT_EINVAL,
                         "%s: E (head dim) must be even to form rotate-half pairs (got %lld)", fn,
                         (long long)E);
-    if (!(base > 0.0f) || isinf(base))
+    if (!given && (!(base > 0.0f) || isinf(base)))
         return ct_error(CT_EINVAL, "%s: base must be finite and > 0 (got %g)", fn, (double)base);
     int64_t rows, total, te;
     if (__builtin_mul_overflow(B, T, &rows) || __builtin_mul_overflow(rows, H, &rows) ||
@@ -80,11 +80,16 @@ static ct_status rope(const char *fn, float *out, const char *out_name, const fl
                         (long long)total);
 
     int64_t P = E / 2;
+    if (given)
+        for (int64_t i = 0; i < P; i++)
+            if (!isfinite(given[i]))
+                return ct_error(CT_EINVAL, "%s: inv_freq[%lld] = %g is not finite", fn,
+                                (long long)i, (double)given[i]);
     float *buf = NULL;
     CT_TRY(ct_alloc((void **)&buf, (size_t)(te + P) * sizeof(float)));
     float *inv_freq = buf + te;
     for (int64_t i = 0; i < P; i++)
-        inv_freq[i] = 1.0f / powf(base, (float)(2 * i) / (float)E);
+        inv_freq[i] = given ? given[i] : 1.0f / powf(base, (float)(2 * i) / (float)E);
     rope_ctx c = {out, inp, positions, inv_freq, buf, T, H, P, sign};
     ct_parallel_for(T, table_body, &c);
     ct_parallel_for(rows, rotate_body, &c);
@@ -95,11 +100,29 @@ static ct_status rope(const char *fn, float *out, const char *out_name, const fl
 ct_status ct_rope_forward(float *out, const float *inp, const int32_t *positions, int64_t B,
                           int64_t T, int64_t H, int64_t E, float base)
 {
-    return rope("ct_rope_forward", out, "out", inp, "inp", positions, B, T, H, E, base, 1.0f);
+    return rope("ct_rope_forward", out, "out", inp, "inp", positions, B, T, H, E, base, NULL, 1.0f);
 }
 
 ct_status ct_rope_backward(float *dinp, const float *dout, const int32_t *positions, int64_t B,
                            int64_t T, int64_t H, int64_t E, float base)
 {
-    return rope("ct_rope_backward", dinp, "dinp", dout, "dout", positions, B, T, H, E, base, -1.0f);
+    return rope("ct_rope_backward", dinp, "dinp", dout, "dout", positions, B, T, H, E, base, NULL, -1.0f);
+}
+
+ct_status ct_rope_forward_freqs(float *out, const float *inp, const int32_t *positions, int64_t B,
+                                int64_t T, int64_t H, int64_t E, const float *inv_freq)
+{
+    if (!inv_freq && E > 0)
+        return ct_error(CT_EINVAL, "ct_rope_forward_freqs: inv_freq must not be NULL");
+    return rope("ct_rope_forward_freqs", out, "out", inp, "inp", positions, B, T, H, E, 1.0f,
+                inv_freq, 1.0f);
+}
+
+ct_status ct_rope_backward_freqs(float *dinp, const float *dout, const int32_t *positions,
+                                 int64_t B, int64_t T, int64_t H, int64_t E, const float *inv_freq)
+{
+    if (!inv_freq && E > 0)
+        return ct_error(CT_EINVAL, "ct_rope_backward_freqs: inv_freq must not be NULL");
+    return rope("ct_rope_backward_freqs", dinp, "dinp", dout, "dout", positions, B, T, H, E, 1.0f,
+                inv_freq, -1.0f);
 }

@@ -23,10 +23,19 @@ static ct_gpt_config tiny_config(void)
 /* Finite differences of the loss against the analytic gradient on a few coordinates of
  * every tensor, in a configuration with GQA, a sliding window, documents, z-loss and label
  * smoothing, for the fused and the unfused head, flex and dense attention. */
-static void test_gradients(bool fused, bool dense, bool tied)
+static void test_gradients(bool fused, bool dense, bool tied, int hf)
 {
     ct_gpt_config c = tiny_config();
     c.tied = tied;
+    if (hf) { /* Hugging Face features: H E != C, q/k/v and o biases, scaled RoPE */
+        c.head_dim = 6;
+        c.qkv_bias = true;
+        c.o_bias = hf == 2;
+        c.rope_scaling = hf == 1 ? CT_ROPE_SCALING_LINEAR : CT_ROPE_SCALING_LLAMA3;
+        c.rope_factor = 4.0f;
+        c.rope_original_context = 8;
+        c.rope_base = 50.0f; /* wavelengths on both sides of the llama3 bounds */
+    }
     ct_gpt_options o = ct_gpt_options_default();
     o.batch = 2;
     o.fused_head = fused;
@@ -37,6 +46,15 @@ static void test_gradients(bool fused, bool dense, bool tied)
     ct_gpt *m;
     CHECK_OK(ct_gpt_create(&c, &o, &m));
     CHECK_OK(ct_gpt_init(m, 7));
+    if (hf) /* biases start at zero: give them values so their effect on the input grads shows */
+        for (int i = 0; i < ct_gpt_num_tensors(m); i++) {
+            const char *name;
+            ct_tensor p;
+            CHECK_OK(ct_gpt_tensor(m, i, &name, &p, NULL));
+            if (strstr(name, ".bias"))
+                for (int64_t j = 0; j < ct_tensor_numel(&p); j++)
+                    ((float *)p.data)[j] = 0.2f * (float)((j % 7) - 3);
+        }
     int64_t B = 2, T = 9;
     int32_t tok[2 * 10];
     for (int i = 0; i < 20; i++)
@@ -317,13 +335,139 @@ static void test_next_logits(void)
     ct_gpt_free(m);
 }
 
+/* The configuration's JSON: a round trip of every new key, older JSON (without them) gives
+ * the defaults and keeps its text, bad values are named. */
+static void test_config_json(void)
+{
+    ct_gpt_config c = tiny_config(), d = ct_gpt_config_default();
+    char *js;
+    CHECK_OK(ct_gpt_config_to_json(&c, &js));
+    CHECK(!strstr(js, "head_dim") && !strstr(js, "rope_scaling")); /* older text unchanged */
+    ct_gpt_config back = d;
+    CHECK_OK(ct_gpt_config_from_json(js, &back));
+    CHECK(back.head_dim == 0 && !back.qkv_bias && back.rope_scaling == CT_ROPE_SCALING_NONE);
+    ct_free(js);
+    c.head_dim = 10;
+    c.qkv_bias = true;
+    c.o_bias = true;
+    c.rope_scaling = CT_ROPE_SCALING_LLAMA3;
+    c.rope_factor = 8.0f;
+    c.rope_low_freq_factor = 1.5f;
+    c.rope_high_freq_factor = 3.25f;
+    c.rope_original_context = 64;
+    CHECK_OK(ct_gpt_config_to_json(&c, &js));
+    back = d;
+    CHECK_OK(ct_gpt_config_from_json(js, &back));
+    CHECK(back.head_dim == 10 && back.qkv_bias && back.o_bias &&
+          back.rope_scaling == CT_ROPE_SCALING_LLAMA3 && back.rope_factor == 8.0f &&
+          back.rope_low_freq_factor == 1.5f && back.rope_high_freq_factor == 3.25f &&
+          back.rope_original_context == 64);
+    char *js2;
+    CHECK_OK(ct_gpt_config_to_json(&back, &js2));
+    CHECK(!strcmp(js, js2));
+    ct_free(js);
+    ct_free(js2);
+    back = d;
+    CHECK(ct_gpt_config_from_json("{\"rope_scaling\": \"yarn\"}", &back) == CT_EFORMAT);
+    CHECK(strstr(ct_last_error(), "rope_scaling"));
+    CHECK(ct_gpt_config_from_json("{\"head_dim\": 7}", &back) == CT_EINVAL);
+    CHECK(strstr(ct_last_error(), "head_dim"));
+    back = d;
+    CHECK(ct_gpt_config_from_json("{\"qkv_bias\": 1}", &back) == CT_EFORMAT);
+    CHECK(strstr(ct_last_error(), "qkv_bias"));
+    back = d;
+    CHECK(ct_gpt_config_from_json(
+              "{\"rope_scaling\": \"llama3\", \"rope_low_freq_factor\": 4}", &back) ==
+          CT_EINVAL);
+    CHECK(strstr(ct_last_error(), "rope_low_freq_factor"));
+    /* head_dim lifts the divisibility rule: 3 heads of 8 on d_model 16 */
+    back = tiny_config();
+    back.n_head = 3;
+    back.n_kv_head = 1;
+    CHECK(ct_gpt_config_check(&back) == CT_EINVAL);
+    back.head_dim = 8;
+    CHECK_OK(ct_gpt_config_check(&back));
+}
+
+/* The inverse frequencies against a naive double-precision reading of the rules. */
+static void test_rope_freqs(void)
+{
+    ct_gpt_config c = tiny_config();
+    c.head_dim = 16;
+    c.rope_base = 10000.0f;
+    float f[8];
+    CHECK_OK(ct_gpt_rope_inv_freq(&c, f));
+    for (int i = 0; i < 8; i++)
+        CHECK(fabs(f[i] - 1.0 / pow(10000.0, 2.0 * i / 16)) <= 1e-6 * (1.0 / pow(10000.0, 2.0 * i / 16)));
+    c.rope_scaling = CT_ROPE_SCALING_LINEAR;
+    c.rope_factor = 2.0f;
+    float g[8];
+    CHECK_OK(ct_gpt_rope_inv_freq(&c, g));
+    for (int i = 0; i < 8; i++)
+        CHECK(g[i] == f[i] / 2.0f);
+    c.rope_scaling = CT_ROPE_SCALING_LLAMA3;
+    c.rope_factor = 8.0f;
+    c.rope_low_freq_factor = 1.0f;
+    c.rope_high_freq_factor = 4.0f;
+    c.rope_original_context = 64;
+    CHECK_OK(ct_gpt_rope_inv_freq(&c, g));
+    int kept = 0, divided = 0, mixed = 0;
+    for (int i = 0; i < 8; i++) {
+        double w = 2 * M_PI / f[i], want;
+        if (w < 64.0 / 4) want = f[i], kept++;
+        else if (w > 64.0 / 1) want = f[i] / 8.0, divided++;
+        else {
+            double s = (64.0 / w - 1) / (4 - 1);
+            want = (1 - s) * f[i] / 8 + s * f[i];
+            mixed++;
+        }
+        CHECK(fabs(g[i] - want) <= 1e-5 * want);
+    }
+    CHECK(kept && divided && mixed);
+}
+
+/* Logits of every position equal the next-token logits of each prefix. */
+static void test_logits(void)
+{
+    ct_gpt_config c = tiny_config();
+    c.head_dim = 6;
+    c.qkv_bias = true;
+    ct_gpt *m;
+    ct_gpt_options o = ct_gpt_options_default();
+    o.batch = 2;
+    CHECK_OK(ct_gpt_create(&c, &o, &m));
+    CHECK_OK(ct_gpt_init(m, 3));
+    int32_t tok[2 * 7];
+    for (int i = 0; i < 14; i++)
+        tok[i] = (int32_t)(t_next() % 40);
+    float *lg = malloc(14 * 40 * sizeof *lg), nl[40];
+    CHECK_OK(ct_gpt_logits(m, tok, 2, 7, lg));
+    for (int b = 0; b < 2; b++)
+        for (int t = 1; t <= 7; t++) {
+            CHECK_OK(ct_gpt_next_logits(m, tok + b * 7, t, nl));
+            for (int v = 0; v < 40; v++)
+                CHECK(fabsf(nl[v] - lg[(b * 7 + t - 1) * 40 + v]) <= 1e-5f * (1 + fabsf(nl[v])));
+        }
+    tok[3] = 40;
+    CHECK(ct_gpt_logits(m, tok, 2, 7, lg) == CT_EINVAL);
+    CHECK(strstr(ct_last_error(), "tokens[0][3]"));
+    CHECK(ct_gpt_logits(m, tok, 3, 7, lg) == CT_EINVAL);
+    free(lg);
+    ct_gpt_free(m);
+}
+
 int main(void)
 {
-    test_gradients(true, false, true);
-    test_gradients(false, true, false);
+    test_gradients(true, false, true, 0);
+    test_gradients(false, true, false, 0);
+    test_gradients(true, false, false, 1);
+    test_gradients(false, true, true, 2);
+    test_config_json();
+    test_rope_freqs();
     test_threads();
     test_resume();
     test_bad_input();
     test_next_logits();
+    test_logits();
     return t_report("test_model_gpt");
 }

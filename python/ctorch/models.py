@@ -1,0 +1,219 @@
+"""ctorch's decoder-only transformer (include/ctorch/model.h) from Python.
+
+    from ctorch import models
+    m = models.load("path/to/hf-dir")          # a Hugging Face Llama-family directory, or a
+                                                # ctorch checkpoint (.safetensors)
+    logits = m.forward(torch.tensor([[1, 2, 3]]))   # [B, T] -> [B, T, V] float32
+
+    m = models.Model({"vocab_size": 64, "d_model": 32, ...})   # a ctorch config (model.h keys)
+    m.set_weights({"tok_embeddings.weight": tensor, ...})      # ctorch tensor names
+    loss, grads = m.loss_and_grads(tokens)     # tokens [B, T + 1]: mean next-token loss and
+                                                # d loss / d every parameter (ctorch names)
+
+Inputs are torch tensors (or anything torch.as_tensor takes); outputs are torch tensors. The
+model instance is sized for the largest batch and sequence seen so far, and re-created (weights
+copied) when a call needs more.
+"""
+import ctypes
+import json
+import os
+
+import torch
+
+from ._lib import check, lib
+
+_P = ctypes.POINTER
+_vp = ctypes.c_void_p
+
+
+class _Config(ctypes.Structure):
+    _fields_ = [("vocab_size", ctypes.c_int64), ("context", ctypes.c_int64),
+                ("n_layer", ctypes.c_int64), ("d_model", ctypes.c_int64),
+                ("n_head", ctypes.c_int64), ("n_kv_head", ctypes.c_int64),
+                ("d_ff", ctypes.c_int64), ("rope_base", ctypes.c_float),
+                ("window", ctypes.c_int64), ("tied", ctypes.c_bool),
+                ("norm_eps", ctypes.c_float), ("init_std", ctypes.c_float),
+                ("head_dim", ctypes.c_int64), ("qkv_bias", ctypes.c_bool),
+                ("o_bias", ctypes.c_bool), ("rope_scaling", ctypes.c_int32),
+                ("rope_factor", ctypes.c_float), ("rope_low_freq_factor", ctypes.c_float),
+                ("rope_high_freq_factor", ctypes.c_float),
+                ("rope_original_context", ctypes.c_int64)]
+
+
+class _Options(ctypes.Structure):
+    _fields_ = [("batch", ctypes.c_int64), ("seq", ctypes.c_int64),
+                ("fused_head", ctypes.c_bool), ("dense_attention", ctypes.c_bool),
+                ("eos_token", ctypes.c_int32), ("z_loss", ctypes.c_float),
+                ("label_smoothing", ctypes.c_float), ("lce_scratch_bytes", ctypes.c_size_t)]
+
+
+class _Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("ndim", ctypes.c_int),
+                ("shape", ctypes.c_int64 * 8), ("strides", ctypes.c_int64 * 8),
+                ("owns", ctypes.c_bool)]
+
+
+lib.ct_gpt_config_default.restype = _Config
+lib.ct_gpt_options_default.restype = _Options
+lib.ct_gpt_config_from_json.argtypes = [ctypes.c_char_p, _P(_Config)]
+lib.ct_gpt_config_to_json.argtypes = [_P(_Config), _P(_vp)]
+lib.ct_gpt_create.argtypes = [_P(_Config), _P(_Options), _P(_vp)]
+lib.ct_gpt_free.argtypes = [_vp]
+lib.ct_gpt_free.restype = None
+lib.ct_gpt_init.argtypes = [_vp, ctypes.c_uint64]
+lib.ct_gpt_num_tensors.argtypes = [_vp]
+lib.ct_gpt_num_params.argtypes = [_vp]
+lib.ct_gpt_num_params.restype = ctypes.c_int64
+lib.ct_gpt_params.argtypes = [_vp]
+lib.ct_gpt_params.restype = _vp
+lib.ct_gpt_grads.argtypes = [_vp]
+lib.ct_gpt_grads.restype = _vp
+lib.ct_gpt_tensor.argtypes = [_vp, ctypes.c_int, _P(ctypes.c_char_p), _P(_Tensor), _P(_Tensor)]
+lib.ct_gpt_zero_grad.argtypes = [_vp]
+lib.ct_gpt_zero_grad.restype = None
+lib.ct_gpt_logits.argtypes = [_vp, _vp, ctypes.c_int64, ctypes.c_int64, _vp]
+lib.ct_gpt_forward_backward.argtypes = [_vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_float,
+                                        _P(ctypes.c_float)]
+lib.ct_free.argtypes = [_vp]
+lib.ct_free.restype = None
+
+
+def _config_struct(cfg):
+    c = lib.ct_gpt_config_default()
+    text = cfg if isinstance(cfg, str) else json.dumps(cfg)
+    check(lib.ct_gpt_config_from_json(text.encode(), ctypes.byref(c)))
+    return c
+
+
+def _config_dict(c):
+    out = _vp()
+    check(lib.ct_gpt_config_to_json(ctypes.byref(c), ctypes.byref(out)))
+    try:
+        return json.loads(ctypes.string_at(out.value).decode())
+    finally:
+        lib.ct_free(out)
+
+
+class Model:
+    """A ctorch model in f32 (weights zero until set_weights / init / load)."""
+
+    def __init__(self, config, seed=None):
+        self._cfg = _config_struct(config)
+        self.config = _config_dict(self._cfg)
+        self._m = None
+        self._batch = 0
+        self._seq = 0
+        self._ensure(1, 1)
+        if seed is not None:
+            check(lib.ct_gpt_init(self._m, seed))
+
+    def __del__(self):
+        if getattr(self, "_m", None):
+            lib.ct_gpt_free(self._m)
+            self._m = None
+
+    def _ensure(self, B, T):
+        if self._m is not None and B <= self._batch and T <= self._seq:
+            return
+        ctx = self.config["context"]
+        if T > ctx:
+            raise ValueError(f"ctorch.models: sequence of {T} tokens is longer than the model's "
+                             f"context {ctx}")
+        nb, ns = max(B, self._batch, 1), max(T, self._seq, 1)
+        o = lib.ct_gpt_options_default()
+        o.batch, o.seq = nb, ns
+        m = _vp()
+        check(lib.ct_gpt_create(ctypes.byref(self._cfg), ctypes.byref(o), ctypes.byref(m)))
+        if self._m is not None:
+            n = lib.ct_gpt_num_params(m)
+            ctypes.memmove(lib.ct_gpt_params(m), lib.ct_gpt_params(self._m), n * 4)
+            lib.ct_gpt_free(self._m)
+        self._m, self._batch, self._seq = m, nb, ns
+
+    def _views(self, grads=False):
+        out = {}
+        for i in range(lib.ct_gpt_num_tensors(self._m)):
+            name = ctypes.c_char_p()
+            p, g = _Tensor(), _Tensor()
+            check(lib.ct_gpt_tensor(self._m, i, ctypes.byref(name), ctypes.byref(p), ctypes.byref(g)))
+            t = g if grads else p
+            shape = tuple(t.shape[d] for d in range(t.ndim))
+            n = 1
+            for s in shape:
+                n *= s
+            buf = (ctypes.c_float * n).from_address(t.data)
+            out[name.value.decode()] = torch.frombuffer(buf, dtype=torch.float32).view(shape)
+        return out
+
+    def names(self):
+        """The parameter names, in the model's order."""
+        return list(self._views().keys())
+
+    def state_dict(self):
+        """Copies of the parameters (f32 torch tensors) under ctorch's names."""
+        return {k: v.clone() for k, v in self._views().items()}
+
+    def set_weights(self, weights, strict=True):
+        """Copy tensors (ctorch names) into the model; strict: every parameter must be given
+        and no other name."""
+        views = self._views()
+        if strict:
+            missing = [k for k in views if k not in weights]
+            extra = [k for k in weights if k not in views]
+            if missing or extra:
+                raise KeyError(f"ctorch.models: missing {missing[:4]}, unexpected {extra[:4]}")
+        for k, v in weights.items():
+            if k not in views:
+                continue
+            v = torch.as_tensor(v)
+            if tuple(v.shape) != tuple(views[k].shape):
+                raise ValueError(f"ctorch.models: {k} has shape {tuple(v.shape)}, the model's is "
+                                 f"{tuple(views[k].shape)}")
+            views[k].copy_(v.to(torch.float32))
+
+    @staticmethod
+    def _ids(x, extra=0):
+        x = torch.as_tensor(x)
+        if x.dim() == 1:
+            x = x[None]
+        if x.dim() != 2 or x.shape[1] < 1 + extra:
+            raise ValueError("ctorch.models: input_ids must be [B, T] with T >= 1")
+        return x.to(torch.int32).contiguous()
+
+    def forward(self, input_ids):
+        """Logits [B, T, V] (float32) of input_ids [B, T] (a 1-D input is one sequence)."""
+        ids = self._ids(input_ids)
+        B, T = ids.shape
+        self._ensure(B, T)
+        out = torch.empty(B, T, self.config["vocab_size"], dtype=torch.float32)
+        check(lib.ct_gpt_logits(self._m, _vp(ids.data_ptr()), B, T, _vp(out.data_ptr())))
+        return out
+
+    __call__ = forward
+
+    def loss_and_grads(self, tokens):
+        """(mean next-token cross-entropy, {name: gradient}) of tokens [B, T + 1]."""
+        ids = self._ids(tokens, extra=1)
+        B, T = ids.shape[0], ids.shape[1] - 1
+        self._ensure(B, T)
+        lib.ct_gpt_zero_grad(self._m)
+        loss = ctypes.c_float()
+        check(lib.ct_gpt_forward_backward(self._m, _vp(ids.data_ptr()), B, T, 1.0,
+                                          ctypes.byref(loss)))
+        return loss.value, {k: v.clone() for k, v in self._views(grads=True).items()}
+
+
+def load(path):
+    """A Model from a ctorch checkpoint (.safetensors with the "config" metadata)."""
+    from . import io
+    if os.path.isfile(path):
+        with io.SafetensorsFile(path) as f:
+            meta = f.metadata
+            if "config" not in meta:
+                raise ValueError(f"ctorch.models.load: {path} has no \"config\" metadata (not a "
+                                 "ctorch checkpoint)")
+            m = Model(meta["config"])
+            names = m.names()
+            m.set_weights({k: torch.from_numpy(f.to(k, "f32").copy()) for k in names})
+            return m
+    raise ValueError(f"ctorch.models.load: {path} is not a file")
