@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static void usage(FILE *f)
 {
@@ -24,6 +25,7 @@ static void usage(FILE *f)
         "Exit status: 0 done, 1 a failure (the message says what), 2 a bad option.\n");
 }
 
+/* The whole of a regular file (NULL and a message on any failure: a folder, a read error). */
 static char *slurp(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");
@@ -31,11 +33,34 @@ static char *slurp(const char *path, size_t *len)
         fprintf(stderr, "ctorch tokenizer: cannot open '%s': %s\n", path, strerror(errno));
         return NULL;
     }
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fprintf(stderr, "ctorch tokenizer: '%s' is not a regular file\n", path);
+        fclose(f);
+        return NULL;
+    }
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap);
-    for (size_t got; (got = fread(buf + n, 1, cap - n, f)) > 0;) {
+    while (buf) {
+        size_t got = fread(buf + n, 1, cap - n, f);
         n += got;
-        if (n == cap) buf = realloc(buf, cap *= 2);
+        if (got == 0) break;
+        if (n == cap) {
+            char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+            } else {
+                buf = nb;
+                cap *= 2;
+            }
+        }
+    }
+    if (!buf || ferror(f)) {
+        fprintf(stderr, "ctorch tokenizer: cannot read '%s': %s\n", path,
+                buf ? strerror(errno) : "out of memory");
+        free(buf);
+        buf = NULL;
     }
     fclose(f);
     *len = n;

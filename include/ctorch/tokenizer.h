@@ -32,6 +32,11 @@
 extern "C" {
 #endif
 
+/** Bounds on what a tokenizer file may describe (CT_EFORMAT past them): the bytes of one token,
+ *  and of all tokens together. */
+#define CT_TOKENIZER_MAX_TOKEN_BYTES 4096
+#define CT_TOKENIZER_MAX_TOTAL_BYTES (64 << 20)
+
 /** The text of the end-of-text token. */
 #define CT_TOKENIZER_EOS_TEXT "<|endoftext|>"
 
@@ -84,11 +89,14 @@ CT_API ct_status ct_tokenizer_decode(const ct_tokenizer *t, const int32_t *ids, 
 CT_API ct_status ct_tokenizer_to_json(const ct_tokenizer *t, char **json);
 
 /** Parse the JSON of the file format (len bytes). CT_EFORMAT names what is wrong (not JSON,
- *  wrong "format", a merge referring to a later token, a vocab_size that does not match). */
+ *  wrong "format", a merge referring to a later token, a vocab_size that does not match, an
+ *  "eos" other than "<|endoftext|>", a token longer than CT_TOKENIZER_MAX_TOKEN_BYTES or
+ *  tokens adding up to more than CT_TOKENIZER_MAX_TOTAL_BYTES). */
 CT_API ct_status ct_tokenizer_from_json(const char *json, size_t len, ct_tokenizer **out);
 
-/** Write the JSON file at path (through a temporary file renamed over it). CT_EIO names the
- *  system call that failed. */
+/** Write the JSON file at path atomically: a temp file made by mkstemp (O_EXCL) in the
+ *  target's folder, fsync, rename over path, fsync of the folder. CT_EIO names the system call
+ *  that failed (nothing is left behind then). */
 CT_API ct_status ct_tokenizer_save(const ct_tokenizer *t, const char *path);
 
 /** Read a tokenizer file. CT_EIO (cannot read), CT_EFORMAT as ct_tokenizer_from_json. */

@@ -4,10 +4,12 @@
 #include "ctorch/tokenizer.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define EOS_LEN (sizeof CT_TOKENIZER_EOS_TEXT - 1)
@@ -539,15 +541,32 @@ static ct_status tokenizer_build(const int32_t *merges, int64_t n_merges, ct_tok
         t->rank_key[slot] = key;
         t->rank_val[slot] = (int32_t)i;
     }
-    /* token byte strings: offsets first (lengths add up), then the bytes */
+    /* token byte strings: offsets first, then the bytes. A merge joins two tokens, so a
+     * hostile file can double a length with each merge: bound each token and the sum before
+     * anything is allocated for them. */
     t->off[0] = 0;
     for (int64_t id = 0; id < V; id++) {
-        size_t n =
-            id < 256 ? 1
-            : id == V - 1
-                ? EOS_LEN
-                : (t->off[merges[2 * (id - 256)] + 1] - t->off[merges[2 * (id - 256)]]) +
-                      (t->off[merges[2 * (id - 256) + 1] + 1] - t->off[merges[2 * (id - 256) + 1]]);
+        size_t n = 1;
+        if (id == V - 1) {
+            n = EOS_LEN;
+        } else if (id >= 256) {
+            int32_t a = merges[2 * (id - 256)], b = merges[2 * (id - 256) + 1];
+            n = (t->off[a + 1] - t->off[a]) + (t->off[b + 1] - t->off[b]);
+            if (n > CT_TOKENIZER_MAX_TOKEN_BYTES) {
+                ct_tokenizer_free(t);
+                return ct_error(CT_EFORMAT,
+                                "tokenizer: merge %lld [%d, %d] makes a token of %zu bytes; "
+                                "tokens are at most %d bytes",
+                                (long long)(id - 256), a, b, n, CT_TOKENIZER_MAX_TOKEN_BYTES);
+            }
+        }
+        if (t->off[id] + n > CT_TOKENIZER_MAX_TOTAL_BYTES) {
+            ct_tokenizer_free(t);
+            return ct_error(CT_EFORMAT,
+                            "tokenizer: the tokens' bytes add up to more than %d MiB (at token "
+                            "%lld)",
+                            CT_TOKENIZER_MAX_TOTAL_BYTES >> 20, (long long)id);
+        }
         t->off[id + 1] = t->off[id] + n;
     }
     total = t->off[V];
@@ -731,6 +750,12 @@ ct_status ct_tokenizer_from_json(const char *text, size_t len, ct_tokenizer **ou
         s = ct_error(CT_EFORMAT, "tokenizer: \"version\" must be 1");
     else if (!json_is_array(m) || nm > (1 << 20))
         s = ct_error(CT_EFORMAT, "tokenizer: \"merges\" must be an array of at most 2^20 pairs");
+    else if (json_object_get(j, "eos") &&
+             (!json_is_string(json_object_get(j, "eos")) ||
+              strcmp(json_string_value(json_object_get(j, "eos")), CT_TOKENIZER_EOS_TEXT)))
+        s = ct_error(CT_EFORMAT,
+                     "tokenizer: \"eos\" must be \"" CT_TOKENIZER_EOS_TEXT
+                     "\" (the only end-of-text text a ctorch-bpe file can have)");
     else if (!json_is_integer(vs) || json_integer_value(vs) != (json_int_t)(257 + nm))
         s = ct_error(CT_EFORMAT,
                      "tokenizer: \"vocab_size\" must be 257 + the number of merges (%zu)",
@@ -754,33 +779,78 @@ ct_status ct_tokenizer_from_json(const char *text, size_t len, ct_tokenizer **ou
     return s;
 }
 
+/* Write len bytes to path atomically: a temp file made with mkstemp (O_EXCL) in the target's
+ * folder, fsync, rename over the target, fsync of the folder. A crash leaves the old file or
+ * the new one, never a mix, and no other process can have prepared the temp name. */
+static ct_status write_atomic(const char *path, const char *data, size_t len)
+{
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    if (!*base || !strcmp(base, ".") || !strcmp(base, ".."))
+        return ct_error(CT_EINVAL, "ct_tokenizer_save: path '%s' does not name a file", path);
+    size_t dl = slash ? (size_t)(slash - path) : 1, bl = strlen(base);
+    if (slash && dl == 0) dl = 1; /* "/name" */
+    if (bl > 200) bl = 200;        /* the temp name stays under NAME_MAX */
+    char *dir, *tmp;
+    CT_TRY(ct_alloc((void **)&dir, dl + 1));
+    if (ct_alloc((void **)&tmp, dl + bl + 32)) {
+        ct_free(dir);
+        return CT_ENOMEM;
+    }
+    if (slash)
+        memcpy(dir, path, dl);
+    else
+        dir[0] = '.';
+    dir[dl] = '\0';
+    sprintf(tmp, "%s/.%.*s.XXXXXX", dir, (int)bl, base);
+    ct_status s = CT_OK;
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        s = ct_error(CT_EIO, "ct_tokenizer_save: cannot create a temp file in '%s' for '%s': %s",
+                     dir, path, strerror(errno));
+        goto done;
+    }
+    (void)fchmod(fd, 0644);
+    for (size_t off = 0; off < len && s == CT_OK;) {
+        ssize_t w = write(fd, data + off, len - off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0)
+            s = ct_error(CT_EIO, "ct_tokenizer_save: write to the temp file of '%s': %s", path,
+                         w < 0 ? strerror(errno) : "no progress");
+        else
+            off += (size_t)w;
+    }
+    if (s == CT_OK && fsync(fd) != 0)
+        s = ct_error(CT_EIO, "ct_tokenizer_save: fsync of the temp file of '%s': %s", path,
+                     strerror(errno));
+    if (close(fd) != 0 && s == CT_OK)
+        s = ct_error(CT_EIO, "ct_tokenizer_save: close of the temp file of '%s': %s", path,
+                     strerror(errno));
+    if (s == CT_OK && rename(tmp, path) != 0)
+        s = ct_error(CT_EIO, "ct_tokenizer_save: rename to '%s': %s", path, strerror(errno));
+    if (s != CT_OK) {
+        unlink(tmp);
+        goto done;
+    }
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0 || (fsync(dfd) != 0 && errno != EINVAL && errno != EROFS))
+        s = ct_error(CT_EIO, "ct_tokenizer_save: '%s' was written but fsync of its folder '%s' "
+                     "failed: %s", path, dir, strerror(errno));
+    if (dfd >= 0) close(dfd);
+done:
+    ct_free(tmp);
+    ct_free(dir);
+    return s;
+}
+
 ct_status ct_tokenizer_save(const ct_tokenizer *t, const char *path)
 {
     if (!t || !path) return ct_error(CT_EINVAL, "ct_tokenizer_save: arguments must not be NULL");
     char *json;
     CT_TRY(ct_tokenizer_to_json(t, &json));
-    size_t n = strlen(path) + 32;
-    char *tmp;
-    ct_status s = ct_alloc((void **)&tmp, n);
-    if (s) {
-        ct_free(json);
-        return s;
-    }
-    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        s = ct_error(CT_EIO, "ct_tokenizer_save: fopen('%s'): %s", tmp, strerror(errno));
-    } else {
-        size_t len = strlen(json);
-        bool ok = fwrite(json, 1, len, f) == len && fputc('\n', f) != EOF;
-        ok = (fclose(f) == 0) && ok;
-        if (!ok)
-            s = ct_error(CT_EIO, "ct_tokenizer_save: write('%s'): %s", tmp, strerror(errno));
-        else if (rename(tmp, path) != 0)
-            s = ct_error(CT_EIO, "ct_tokenizer_save: rename to '%s': %s", path, strerror(errno));
-        if (s) remove(tmp);
-    }
-    ct_free(tmp);
+    size_t n = strlen(json);
+    json[n] = '\n'; /* the file ends with a newline (the NUL is not written) */
+    ct_status s = write_atomic(path, json, n + 1);
     ct_free(json);
     return s;
 }

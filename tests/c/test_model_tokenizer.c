@@ -2,6 +2,9 @@
  * pieces never merged across, determinism, files, EOS, bad files; the UTF-8 validator. */
 #include "test_util.h"
 
+#include <dirent.h>
+#include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static const char *SAMPLE =
@@ -172,6 +175,121 @@ static void test_files(void)
     ct_tokenizer_free(c);
 }
 
+/* A JSON file whose merge i joins token 255 + i with itself: token 256 + k has 2^(k+1) bytes. */
+static char *doubling_json(int doublings)
+{
+    size_t cap = 128 + (size_t)doublings * 24;
+    char *j = malloc(cap);
+    int n = snprintf(j, cap,
+                     "{\"format\": \"ctorch-bpe\", \"version\": 1, \"vocab_size\": %d, "
+                     "\"merges\": [[65, 65]",
+                     257 + doublings);
+    for (int i = 1; i < doublings; i++)
+        n += snprintf(j + n, cap - (size_t)n, ", [%d, %d]", 255 + i, 255 + i);
+    snprintf(j + n, cap - (size_t)n, "]}");
+    return j;
+}
+
+/* Issue 14: 63 doublings overflowed the length sum (heap-buffer-overflow), 33 asked for 17 GB.
+ * Each token and the sum of all are bounded before anything is allocated for them. */
+static void test_hostile_lengths(void)
+{
+    int cases[] = {12, 13, 33, 63, 64, 200};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char *j = doubling_json(cases[c]);
+        ct_tokenizer *t = NULL;
+        if (cases[c] == 12) { /* a 4096-byte token, the largest allowed */
+            CHECK_OK(ct_tokenizer_from_json(j, strlen(j), &t));
+            const char *b;
+            size_t n;
+            CHECK_OK(ct_tokenizer_token_bytes(t, 256 + 11, &b, &n));
+            CHECK(n == CT_TOKENIZER_MAX_TOKEN_BYTES && b[0] == 'A' && b[n - 1] == 'A');
+            round_trip(t, b, n);
+        } else {
+            CHECK_STATUS(ct_tokenizer_from_json(j, strlen(j), &t), CT_EFORMAT);
+            CHECK(t == NULL);
+            CHECK(strstr(ct_last_error(), "at most 4096 bytes") != NULL);
+        }
+        ct_tokenizer_free(t);
+        free(j);
+    }
+    /* many long tokens: the sum is bounded too. 128 chains of 11 merges make 'x' * 2048 for
+     * 128 bytes x; then every pair of those is one 4096-byte token: 16384 x 4096 B = 64 MiB,
+     * past the bound once the chains' own bytes are counted. */
+    size_t nm = 128 * 11 + 128 * 128, cap = 160 + nm * 24;
+    char *j = malloc(cap);
+    int n = snprintf(j, cap,
+                     "{\"format\": \"ctorch-bpe\", \"version\": 1, \"vocab_size\": %zu, "
+                     "\"merges\": [",
+                     257 + nm);
+    int32_t next = 256, top[128];
+    for (int c = 0; c < 128; c++) {
+        int32_t cur = 128 + c;
+        for (int k = 0; k < 11; k++) {
+            n += snprintf(j + n, cap - (size_t)n, "%s[%d, %d]", next > 256 ? ", " : "", cur, cur);
+            cur = next++;
+        }
+        top[c] = cur;
+    }
+    for (int a = 0; a < 128; a++)
+        for (int b = 0; b < 128; b++)
+            n += snprintf(j + n, cap - (size_t)n, ", [%d, %d]", top[a], top[b]);
+    snprintf(j + n, cap - (size_t)n, "]}");
+    ct_tokenizer *t = NULL;
+    CHECK_STATUS(ct_tokenizer_from_json(j, strlen(j), &t), CT_EFORMAT);
+    CHECK(strstr(ct_last_error(), "add up to more than 64 MiB") != NULL);
+    free(j);
+}
+
+/* The file's "eos" is honoured or refused, never ignored; save never follows a planted name. */
+static void test_eos_and_save(void)
+{
+    const char *other = "{\"format\": \"ctorch-bpe\", \"version\": 1, \"vocab_size\": 257, "
+                        "\"eos\": \"</s>\", \"merges\": []}";
+    const char *num = "{\"format\": \"ctorch-bpe\", \"version\": 1, \"vocab_size\": 257, "
+                      "\"eos\": 5, \"merges\": []}";
+    ct_tokenizer *t = NULL;
+    CHECK_STATUS(ct_tokenizer_from_json(other, strlen(other), &t), CT_EFORMAT);
+    CHECK(strstr(ct_last_error(), "eos") != NULL);
+    CHECK_STATUS(ct_tokenizer_from_json(num, strlen(num), &t), CT_EFORMAT);
+    t = train(SAMPLE, 300, 2);
+    char dir[64], path[96], planted[128], victim[96];
+    snprintf(dir, sizeof dir, "/tmp/ct_test_toksave_%d", (int)getpid());
+    CHECK(mkdir(dir, 0700) == 0);
+    snprintf(path, sizeof path, "%s/tok.json", dir);
+    snprintf(victim, sizeof victim, "%s/victim", dir);
+    FILE *f = fopen(victim, "w");
+    fputs("keep", f);
+    fclose(f);
+    /* the old writer opened PATH.tmp.PID with fopen: a link planted there was followed */
+    snprintf(planted, sizeof planted, "%s.tmp.%d", path, (int)getpid());
+    CHECK(symlink(victim, planted) == 0);
+    CHECK_OK(ct_tokenizer_save(t, path));
+    char buf[8] = {0};
+    f = fopen(victim, "r");
+    CHECK(fread(buf, 1, sizeof buf - 1, f) == 4 && !strcmp(buf, "keep"));
+    fclose(f);
+    ct_tokenizer *u = NULL;
+    CHECK_OK(ct_tokenizer_load(path, &u));
+    CHECK(ct_tokenizer_vocab_size(u) == ct_tokenizer_vocab_size(t));
+    ct_tokenizer_free(u);
+    /* nothing but the three names is left in the folder */
+    DIR *d = opendir(dir);
+    int count = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        count += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    CHECK(count == 3);
+    /* a folder given as the tokenizer file is an error, not an empty tokenizer */
+    CHECK(ct_tokenizer_load(dir, &u) != CT_OK && u == NULL);
+    CHECK_STATUS(ct_tokenizer_save(t, dir), CT_EIO);
+    unlink(planted);
+    unlink(victim);
+    unlink(path);
+    rmdir(dir);
+    ct_tokenizer_free(t);
+}
+
 static void test_utf8(void)
 {
     size_t off = 99;
@@ -197,5 +315,7 @@ int main(void)
     test_pieces();
     test_files();
     test_utf8();
+    test_hostile_lengths();
+    test_eos_and_save();
     return t_report("test_model_tokenizer");
 }
