@@ -212,6 +212,116 @@ CT_API ct_status ct_gpt_logits(ct_gpt *m, const int32_t *tokens, int64_t B, int6
  *  CT_EFORMAT names a missing tensor or a shape that does not match the configuration. */
 CT_API ct_status ct_gpt_load_params(ct_gpt *m, const ct_tensor_file *f);
 
+/* ---- generation: KV cache, sampling, the generate loop ----------------------------------- */
+
+/** A key/value cache of a model for incremental decoding (opaque). It holds, for every layer,
+ *  the RoPE'd keys and the values of the tokens appended so far, [batch, max_len] positions,
+ *  plus the scratch rows of one step; all of it is ONE accounted allocation (ct_alloc) sized
+ *  from (batch, max_len) with checked arithmetic before anything is allocated. Every row holds
+ *  the same number of tokens (positions 0 .. length-1). The model must outlive the cache and
+ *  keep its weights while the cache is used (changing them invalidates what is cached). */
+typedef struct ct_gpt_cache ct_gpt_cache;
+
+/** Create an empty cache for up to batch rows (1 .. 2^20) of max_len tokens (1 .. context).
+ *  CT_EINVAL names a bad size; CT_EOVERFLOW / CT_ENOMEM when it does not fit. *out NULL on
+ *  failure. */
+CT_API ct_status ct_gpt_cache_create(const ct_gpt *m, int64_t batch, int64_t max_len,
+                                     ct_gpt_cache **out);
+
+/** Free a cache. NULL is a no-op. */
+CT_API void ct_gpt_cache_free(ct_gpt_cache *c);
+
+/** Forget every cached token (length 0); nothing is freed. */
+CT_API void ct_gpt_cache_reset(ct_gpt_cache *c);
+
+/** Tokens held per row; the rows; the capacity; the bytes of the cache's allocation. */
+CT_API int64_t ct_gpt_cache_length(const ct_gpt_cache *c);
+CT_API int64_t ct_gpt_cache_batch(const ct_gpt_cache *c);
+CT_API int64_t ct_gpt_cache_capacity(const ct_gpt_cache *c);
+CT_API size_t ct_gpt_cache_bytes(const ct_gpt_cache *c);
+
+/** Append n >= 1 tokens to every row (tokens [batch, n] int32, row-major) at positions
+ *  length .. length+n-1, run them through the model against everything cached (the model's
+ *  causal / sliding-window mask, and its document mask when the model has an eos_token), and
+ *  write the next-token logits: [batch, V] after each row's last token (all false) or
+ *  [batch, n, V] for every appended position (all true). Long inputs run in chunks of at most
+ *  256 positions. They equal ct_gpt_logits / ct_gpt_next_logits of the whole sequence up to
+ *  rounding (the attention and GEMM shapes differ; not bitwise). CT_EINVAL names a token
+ *  outside [0, V) or an n that does not fit the capacity; the cache is unchanged on failure. */
+CT_API ct_status ct_gpt_cache_prefill(ct_gpt_cache *c, const int32_t *tokens, int64_t n, bool all,
+                                      float *logits);
+
+/** Append one token per row (tokens [batch]) and write the next-token logits [batch, V]:
+ *  ct_gpt_cache_prefill with n = 1. */
+CT_API ct_status ct_gpt_cache_decode(ct_gpt_cache *c, const int32_t *tokens, float *logits);
+
+/** How the next token is drawn from logits, in this order (Hugging Face's warpers):
+ *  logits / temperature, then keep the top_k largest (ties with the k-th are kept), then keep
+ *  the smallest set of most likely tokens whose probability reaches top_p (the token crossing
+ *  top_p included, at least one kept), then draw from the softmax of what is kept. */
+typedef struct ct_sample_options {
+    float temperature; /**< >= 0, finite; 0: greedy (the first largest logit); default 1 */
+    int64_t top_k;     /**< >= 0; 0 (default): no top-k filter */
+    float top_p;       /**< in [0, 1]; 1 (default): no top-p filter */
+} ct_sample_options;
+
+/** The defaults listed above. */
+CT_API ct_sample_options ct_sample_options_default(void);
+
+/** Check sampling options; CT_EINVAL names the field that breaks its rule. */
+CT_API ct_status ct_sample_options_check(const ct_sample_options *o);
+
+/** The distribution ct_sample_token draws from: probs[V] (0 for the tokens filtered out; a
+ *  one-hot row at the argmax when greedy). CT_EINVAL for a NaN or +inf logit, or when every
+ *  logit is -inf. Scratch is allocated per call (O(V)). */
+CT_API ct_status ct_sample_probs(const float *logits, int64_t V, const ct_sample_options *o,
+                                 float *probs);
+
+/** Draw one token from logits[V]: one ct_rng_uniform draw u (none when greedy); the kept tokens
+ *  are walked from the most likely (ties: lower id first) until their cumulative weight
+ *  exceeds u times the total. Same rules as ct_sample_probs. */
+CT_API ct_status ct_sample_token(const float *logits, int64_t V, const ct_sample_options *o,
+                                 ct_rng *rng, int32_t *token);
+
+/** Called by ct_gpt_generate after each step with the batch tokens just chosen (finished rows
+ *  get the EOS token); step counts from 0. */
+typedef void (*ct_generate_fn)(void *ctx, int64_t step, const int32_t *tokens, int64_t batch);
+
+/** Options of ct_gpt_generate. */
+typedef struct ct_generate_options {
+    int64_t max_new_tokens;   /**< >= 0; default 64 */
+    ct_sample_options sample; /**< default: ct_sample_options_default() */
+    uint64_t seed;            /**< seeds the one ct_rng of the run (rows draw in order); default 1 */
+    int32_t eos_token;        /**< a row stops after producing it (later columns hold it); the
+                                   run stops when every row has; -1 (default): never stop */
+    bool no_cache;            /**< the baseline: recompute ct_gpt_next_logits over the whole
+                                   sequence for every token, row by row; default false */
+    ct_generate_fn on_step;   /**< NULL (default): no callback */
+    void *ctx;                /**< passed to on_step */
+} ct_generate_options;
+
+/** The defaults listed above. */
+CT_API ct_generate_options ct_generate_options_default(void);
+
+/** What a ct_gpt_generate run did: the prompt step (the forward over the prompt and the first
+ *  token) and the decode steps (every token after the first), with their wall-clock times. */
+typedef struct ct_generate_stats {
+    int64_t prompt_tokens, new_tokens;
+    double prompt_seconds, decode_seconds;
+} ct_generate_stats;
+
+/** Continue each of the batch rows of prompt [batch, T] (int32, 1 <= T, tokens in [0, V)) by up
+ *  to max_new_tokens tokens into out [batch, T + max_new_tokens] (row-major: the prompt, then
+ *  the new tokens; columns after the run stopped hold eos_token). *n_new (may be NULL) gets the
+ *  number of steps run. The next token always comes from the last min(length, seq) tokens
+ *  (seq of the model's options): with the cache (sized min(seq, T + max_new_tokens)), a prompt
+ *  is prefilled once and each token decoded; once a sequence outgrows seq every step re-fills
+ *  the cache with the last seq tokens (exactly what the baseline computes). Deterministic for a
+ *  seed. stats may be NULL. */
+CT_API ct_status ct_gpt_generate(ct_gpt *m, const int32_t *prompt, int64_t batch, int64_t T,
+                                 const ct_generate_options *opt, int32_t *out, int64_t *n_new,
+                                 ct_generate_stats *stats);
+
 /* ---- training ----------------------------------------------------------------------------- */
 
 /** Options of a training run. */

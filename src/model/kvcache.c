@@ -1,0 +1,276 @@
+/* The KV cache of include/ctorch/model.h: a cached forward that appends tokens to every row
+ * and attends them against the keys and values kept from earlier calls.
+ *
+ * Layout (one allocation): keys then values, each [L][B][max_len][Hkv E] (a row's positions
+ * are contiguous, so a layer's cache is a [B, Hkv, S, E] strided view for FlexAttention),
+ * document ids and tokens [B][max_len], and the scratch of one chunk of
+ * at most `chunk` positions per row. Each chunk runs the layers of src/model/gpt.c on B * n
+ * rows; attention reads the cached keys through a mask that offsets the query positions by
+ * the cached length (causal, the sliding window, and the document mask). */
+#include "model/gpt_internal.h"
+
+#include <string.h>
+
+#define CACHE_CHUNK 256
+
+/* The mask of a chunk: query i of the chunk is position past + i; key j is position j. */
+typedef struct cache_mask {
+    const int32_t *doc; /* [B][max_len], NULL: no document mask */
+    int64_t max_len, past, window;
+} cache_mask;
+
+struct ct_gpt_cache {
+    const ct_gpt *m;
+    int64_t B, max_len, len, chunk;
+    int64_t L, C, H, K, E, F, V;
+    void *base;
+    size_t bytes;
+    float *kc, *vc;
+    int32_t *doc, *ctok; /* [B][max_len]: document ids and the tokens cached */
+    /* scratch of one chunk: N = B * chunk rows */
+    float *x, *ln, *rstd, *q, *k, *v, *att, *gu, *hb;
+    int32_t *tok, *pos;
+    cache_mask mask;
+};
+
+static void mask_tile(void *ctx, const ct_attn_tile *t, uint8_t *keep)
+{
+    const cache_mask *c = ctx;
+    const int32_t *doc = c->doc ? c->doc + t->b * c->max_len : NULL;
+    for (int64_t i = 0; i < t->nq; i++) {
+        int64_t q = c->past + t->q0 + i;
+        for (int64_t j = 0; j < t->nkv; j++) {
+            int64_t kv = t->kv0 + j;
+            bool ok = kv <= q && (c->window == 0 || q - kv <= c->window) &&
+                      (!doc || doc[q] == doc[kv]);
+            keep[i * t->q_stride + j * t->kv_stride] = ok;
+        }
+    }
+}
+
+static ct_block_kind mask_block(void *ctx, int64_t b, int64_t h, int64_t q0, int64_t nq,
+                                int64_t kv0, int64_t nkv)
+{
+    const cache_mask *c = ctx;
+    int64_t qa = c->past + q0, qb = qa + nq - 1, ka = kv0, kb = kv0 + nkv - 1;
+    if (ka > qb) return CT_BLOCK_EMPTY;
+    if (c->window && qa - kb > c->window) return CT_BLOCK_EMPTY;
+    bool full = kb <= qa && (c->window == 0 || qb - ka <= c->window);
+    if (!full) return CT_BLOCK_PARTIAL;
+    return c->doc ? CT_BLOCK_UNKNOWN : CT_BLOCK_FULL;
+}
+
+/* a * b * ... checked: false on overflow. */
+static bool mul3(size_t a, size_t b, size_t c, size_t *out)
+{
+    size_t t;
+    return ct_mul_size(a, b, &t) && ct_mul_size(t, c, out);
+}
+
+ct_status ct_gpt_cache_create(const ct_gpt *m, int64_t batch, int64_t max_len, ct_gpt_cache **out)
+{
+    const char *fn = "ct_gpt_cache_create";
+    if (!out) return ct_error(CT_EINVAL, "%s: out must not be NULL", fn);
+    *out = NULL;
+    if (!m) return ct_error(CT_EINVAL, "%s: the model must not be NULL", fn);
+    const ct_gpt_config *cfg = &m->cfg;
+    if (batch < 1 || batch > (1 << 20))
+        return ct_error(CT_EINVAL, "%s: batch must be in [1, 2^20], got %lld", fn,
+                        (long long)batch);
+    if (max_len < 1 || max_len > cfg->context)
+        return ct_error(CT_EINVAL, "%s: max_len must be in [1, context = %lld], got %lld", fn,
+                        (long long)cfg->context, (long long)max_len);
+    ct_gpt_cache c = {0};
+    c.m = m;
+    c.B = batch;
+    c.max_len = max_len;
+    c.chunk = max_len < CACHE_CHUNK ? max_len : CACHE_CHUNK;
+    c.L = cfg->n_layer;
+    c.C = cfg->d_model;
+    c.H = cfg->n_head;
+    c.K = cfg->n_kv_head;
+    c.E = cfg->d_model / cfg->n_head;
+    c.F = cfg->d_ff;
+    c.V = cfg->vocab_size;
+    size_t B = (size_t)batch, S = (size_t)max_len, N = B * (size_t)c.chunk; /* <= 2^28 */
+    size_t KE = (size_t)(c.K * c.E), HE = (size_t)(c.H * c.E), C = (size_t)c.C, F = (size_t)c.F;
+    size_t kvb, docb, N4 = N * 4;
+    if (!mul3((size_t)c.L, B * S, KE, &kvb) || !ct_mul_size(kvb, 4, &kvb) ||
+        !mul3(B, S, 4, &docb))
+        return ct_error(CT_EOVERFLOW, "%s: a cache of %lld rows x %lld positions overflows", fn,
+                        (long long)batch, (long long)max_len);
+    size_t sizes[] = {kvb,          kvb,          docb,          docb,          /* kc vc doc ctok */
+                      N4 * C,       N4 * C,       N4,            N4 * HE,       /* x ln rstd q */
+                      N4 * KE,      N4 * KE,      N4 * HE,       N4 * 2 * F,    /* k v att gu */
+                      N4 * F,       N4,           (size_t)c.chunk * 4};         /* hb tok pos */
+    void **slots[] = {(void **)&c.kc, (void **)&c.vc,  (void **)&c.doc, (void **)&c.ctok,
+                      (void **)&c.x,  (void **)&c.ln,  (void **)&c.rstd, (void **)&c.q,
+                      (void **)&c.k,  (void **)&c.v,   (void **)&c.att, (void **)&c.gu,
+                      (void **)&c.hb, (void **)&c.tok, (void **)&c.pos};
+    int n = (int)(sizeof sizes / sizeof sizes[0]);
+    size_t off = 0, offs[sizeof sizes / sizeof sizes[0]];
+    for (int i = 0; i < n; i++) {
+        size_t a = (off + 63) & ~(size_t)63;
+        if (a < off || !ct_add_size(a, sizes[i], &off))
+            return ct_error(CT_EOVERFLOW, "%s: a cache of %lld rows x %lld positions overflows",
+                            fn, (long long)batch, (long long)max_len);
+        offs[i] = a;
+    }
+    ct_gpt_cache *p;
+    CT_TRY(ct_calloc((void **)&p, sizeof *p));
+    ct_status s = ct_alloc(&c.base, off);
+    if (s) {
+        ct_free(p);
+        return ct_error(s, "%s: cannot allocate %zu bytes for %lld rows x %lld positions", fn,
+                        off, (long long)batch, (long long)max_len);
+    }
+    c.bytes = off;
+    for (int i = 0; i < n; i++)
+        *slots[i] = (char *)c.base + offs[i];
+    *p = c;
+    *out = p;
+    return CT_OK;
+}
+
+void ct_gpt_cache_free(ct_gpt_cache *c)
+{
+    if (!c) return;
+    ct_free(c->base);
+    ct_free(c);
+}
+
+void ct_gpt_cache_reset(ct_gpt_cache *c)
+{
+    if (c) c->len = 0;
+}
+
+int64_t ct_gpt_cache_length(const ct_gpt_cache *c)
+{
+    return c ? c->len : 0;
+}
+
+int64_t ct_gpt_cache_batch(const ct_gpt_cache *c)
+{
+    return c ? c->B : 0;
+}
+
+int64_t ct_gpt_cache_capacity(const ct_gpt_cache *c)
+{
+    return c ? c->max_len : 0;
+}
+
+size_t ct_gpt_cache_bytes(const ct_gpt_cache *c)
+{
+    return c ? c->bytes : 0;
+}
+
+/* One chunk: positions len .. len+n-1 of every row, tokens already in c->tok [B, n]. */
+static ct_status chunk_forward(ct_gpt_cache *c, int64_t n, bool all, float *logits,
+                               int64_t ld_rows, int64_t row0)
+{
+    const ct_gpt *m = c->m;
+    const ct_gpt_config *cfg = &m->cfg;
+    int64_t B = c->B, N = B * n, C = c->C, H = c->H, K = c->K, E = c->E, F = c->F, V = c->V;
+    int64_t HE = H * E, KE = K * E, S = c->len + n, past = c->len;
+    bool docs = m->opt.eos_token >= 0;
+    for (int64_t i = 0; i < n; i++)
+        c->pos[i] = (int32_t)(past + i);
+    for (int64_t b = 0; b < B; b++)
+        memcpy(c->ctok + b * c->max_len + past, c->tok + b * n, (size_t)n * sizeof(int32_t));
+    if (docs)
+        for (int64_t b = 0; b < B; b++) {
+            int32_t *d = c->doc + b * c->max_len;
+            for (int64_t i = 0; i < n; i++) {
+                int64_t p = past + i;
+                int32_t prev = p ? c->ctok[b * c->max_len + p - 1] : 0;
+                d[p] = p == 0 ? 0 : d[p - 1] + (prev == m->opt.eos_token);
+            }
+        }
+    c->mask = (cache_mask){docs ? c->doc : NULL, c->max_len, past, cfg->window};
+    ct_mask_mod mm = {mask_tile, mask_block, &c->mask, NULL, docs, false};
+    ct_block_mask *bm = NULL;
+    CT_TRY(ct_block_mask_create(&mm, B, H, n, S, S <= 256 ? 64 : 128, &bm));
+    ct_status s = ct_embedding_forward(c->x, c->tok, CT_DTYPE_I32, m->w.emb, N, V, C);
+    for (int64_t l = 0; !s && l < c->L; l++) {
+        const gpt_layer *w = &m->w.layer[l];
+        float *kc = c->kc + (size_t)l * (size_t)(B * c->max_len * KE);
+        float *vc = c->vc + (size_t)l * (size_t)(B * c->max_len * KE);
+        if ((s = ct_rmsnorm_forward(c->ln, c->rstd, c->x, w->norm1, N, C, cfg->norm_eps)) ||
+            (s = ct_linear_forward(c->q, c->ln, w->wq, NULL, N, C, HE)) ||
+            (s = ct_linear_forward(c->k, c->ln, w->wk, NULL, N, C, KE)) ||
+            (s = ct_linear_forward(c->v, c->ln, w->wv, NULL, N, C, KE)) ||
+            (s = ct_rope_forward(c->q, c->q, c->pos, B, n, H, E, cfg->rope_base)) ||
+            (s = ct_rope_forward(c->k, c->k, c->pos, B, n, K, E, cfg->rope_base)))
+            break;
+        for (int64_t b = 0; b < B; b++) {
+            size_t dst = (size_t)(b * c->max_len + past) * (size_t)KE, src = (size_t)(b * n * KE);
+            memcpy(kc + dst, c->k + src, (size_t)(n * KE) * sizeof(float));
+            memcpy(vc + dst, c->v + src, (size_t)(n * KE) * sizeof(float));
+        }
+        ct_tensor tq, tk, tv, to;
+        int64_t qs[4] = {B, H, n, E}, qst[4] = {n * HE, E, HE, 1};
+        int64_t ks[4] = {B, K, S, E}, kst[4] = {c->max_len * KE, E, KE, 1};
+        if ((s = ct_tensor_wrap(&tq, c->q, CT_DTYPE_F32, 4, qs, qst)) ||
+            (s = ct_tensor_wrap(&to, c->att, CT_DTYPE_F32, 4, qs, qst)) ||
+            (s = ct_tensor_wrap(&tk, kc, CT_DTYPE_F32, 4, ks, kst)) ||
+            (s = ct_tensor_wrap(&tv, vc, CT_DTYPE_F32, 4, ks, kst)) ||
+            (s = ct_flex_attention_forward(&tq, &tk, &tv, bm, NULL, &to, NULL)) ||
+            (s = ct_gemm_f32(false, true, N, C, HE, 1.0f, c->att, HE, w->wo, HE, 1.0f, c->x, C)) ||
+            (s = ct_rmsnorm_forward(c->ln, c->rstd, c->x, w->norm2, N, C, cfg->norm_eps)) ||
+            (s = ct_linear_forward(c->gu, c->ln, w->wgu, NULL, N, C, 2 * F)) ||
+            (s = ct_swiglu_forward(c->hb, c->gu, N, F)) ||
+            (s = ct_gemm_f32(false, true, N, C, F, 1.0f, c->hb, F, w->wdown, F, 1.0f, c->x, C)))
+            break;
+    }
+    ct_block_mask_free(bm);
+    if (s) return s;
+    CT_TRY(ct_rmsnorm_forward(c->ln, c->rstd, c->x, m->w.norm, N, C, cfg->norm_eps));
+    for (int64_t b = 0; b < B; b++) {
+        if (all)
+            CT_TRY(ct_linear_forward(logits + (size_t)(b * ld_rows + row0) * (size_t)V,
+                                     c->ln + (size_t)(b * n * C), m->w.out, NULL, n, C, V));
+        else if (logits)
+            CT_TRY(ct_linear_forward(logits + (size_t)(b * V), c->ln + (size_t)((b * n + n - 1) * C),
+                                     m->w.out, NULL, 1, C, V));
+    }
+    c->len += n;
+    return CT_OK;
+}
+
+ct_status ct_gpt_cache_prefill(ct_gpt_cache *c, const int32_t *tokens, int64_t n, bool all,
+                               float *logits)
+{
+    const char *fn = "ct_gpt_cache_prefill";
+    if (!c || !tokens || !logits)
+        return ct_error(CT_EINVAL, "%s: cache, tokens and logits must not be NULL", fn);
+    if (n < 1 || n > c->max_len - c->len)
+        return ct_error(CT_EINVAL,
+                        "%s: n = %lld tokens do not fit: the cache holds %lld of %lld positions",
+                        fn, (long long)n, (long long)c->len, (long long)c->max_len);
+    for (int64_t b = 0; b < c->B; b++)
+        for (int64_t i = 0; i < n; i++) {
+            int32_t x = tokens[b * n + i];
+            if (x < 0 || x >= c->V)
+                return ct_error(CT_EINVAL,
+                                "%s: tokens[%lld][%lld] = %d is outside the vocabulary [0, %lld)",
+                                fn, (long long)b, (long long)i, x, (long long)c->V);
+        }
+    int64_t len0 = c->len;
+    for (int64_t p0 = 0; p0 < n; p0 += c->chunk) {
+        int64_t cn = n - p0 < c->chunk ? n - p0 : c->chunk;
+        for (int64_t b = 0; b < c->B; b++)
+            memcpy(c->tok + b * cn, tokens + b * n + p0, (size_t)cn * sizeof(int32_t));
+        bool last = p0 + cn == n;
+        ct_status s = chunk_forward(c, cn, all, all || last ? logits : NULL, n, p0);
+        if (s) {
+            c->len = len0; /* what was appended is forgotten: the cache is as before */
+            return s;
+        }
+    }
+    return CT_OK;
+}
+
+ct_status ct_gpt_cache_decode(ct_gpt_cache *c, const int32_t *tokens, float *logits)
+{
+    return ct_gpt_cache_prefill(c, tokens, 1, false, logits);
+}
