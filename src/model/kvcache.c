@@ -60,6 +60,24 @@ static ct_block_kind mask_block(void *ctx, int64_t b, int64_t h, int64_t q0, int
     return c->doc ? CT_BLOCK_UNKNOWN : CT_BLOCK_FULL;
 }
 
+/* RoPE of x [B, n, heads, E] in place at the given positions, as the model's forward does. */
+static ct_status rope(const ct_gpt *m, float *x, const int32_t *pos, int64_t B, int64_t n,
+                      int64_t heads)
+{
+    const ct_gpt_config *c = &m->cfg;
+    if (c->rope_scaling == CT_ROPE_SCALING_NONE)
+        return ct_rope_forward(x, x, pos, B, n, heads, gpt_E(m), c->rope_base);
+    return ct_rope_forward_freqs(x, x, pos, B, n, heads, gpt_E(m), m->inv_freq);
+}
+
+/* x[r, :] += b for each of N rows of C (the order of the model's forward). */
+static void add_rows(float *x, const float *b, int64_t N, int64_t C)
+{
+    for (int64_t r = 0; r < N; r++)
+        for (int64_t j = 0; j < C; j++)
+            x[r * C + j] += b[j];
+}
+
 /* a * b * ... checked: false on overflow. */
 static bool mul3(size_t a, size_t b, size_t c, size_t *out)
 {
@@ -89,7 +107,7 @@ ct_status ct_gpt_cache_create(const ct_gpt *m, int64_t batch, int64_t max_len, c
     c.C = cfg->d_model;
     c.H = cfg->n_head;
     c.K = cfg->n_kv_head;
-    c.E = cfg->d_model / cfg->n_head;
+    c.E = gpt_E(m);
     c.F = cfg->d_ff;
     c.V = cfg->vocab_size;
     size_t B = (size_t)batch, S = (size_t)max_len, N = B * (size_t)c.chunk; /* <= 2^28 */
@@ -196,11 +214,10 @@ static ct_status chunk_forward(ct_gpt_cache *c, int64_t n, bool all, float *logi
         float *kc = c->kc + (size_t)l * (size_t)(B * c->max_len * KE);
         float *vc = c->vc + (size_t)l * (size_t)(B * c->max_len * KE);
         if ((s = ct_rmsnorm_forward(c->ln, c->rstd, c->x, w->norm1, N, C, cfg->norm_eps)) ||
-            (s = ct_linear_forward(c->q, c->ln, w->wq, NULL, N, C, HE)) ||
-            (s = ct_linear_forward(c->k, c->ln, w->wk, NULL, N, C, KE)) ||
-            (s = ct_linear_forward(c->v, c->ln, w->wv, NULL, N, C, KE)) ||
-            (s = ct_rope_forward(c->q, c->q, c->pos, B, n, H, E, cfg->rope_base)) ||
-            (s = ct_rope_forward(c->k, c->k, c->pos, B, n, K, E, cfg->rope_base)))
+            (s = ct_linear_forward(c->q, c->ln, w->wq, w->bq, N, C, HE)) ||
+            (s = ct_linear_forward(c->k, c->ln, w->wk, w->bk, N, C, KE)) ||
+            (s = ct_linear_forward(c->v, c->ln, w->wv, w->bv, N, C, KE)) ||
+            (s = rope(m, c->q, c->pos, B, n, H)) || (s = rope(m, c->k, c->pos, B, n, K)))
             break;
         for (int64_t b = 0; b < B; b++) {
             size_t dst = (size_t)(b * c->max_len + past) * (size_t)KE, src = (size_t)(b * n * KE);
@@ -215,10 +232,17 @@ static ct_status chunk_forward(ct_gpt_cache *c, int64_t n, bool all, float *logi
             (s = ct_tensor_wrap(&tk, kc, CT_DTYPE_F32, 4, ks, kst)) ||
             (s = ct_tensor_wrap(&tv, vc, CT_DTYPE_F32, 4, ks, kst)) ||
             (s = ct_flex_attention_forward(&tq, &tk, &tv, bm, NULL, &to, NULL)) ||
-            (s = ct_gemm_f32(false, true, N, C, HE, 1.0f, c->att, HE, w->wo, HE, 1.0f, c->x, C)) ||
-            (s = ct_rmsnorm_forward(c->ln, c->rstd, c->x, w->norm2, N, C, cfg->norm_eps)) ||
-            (s = ct_linear_forward(c->gu, c->ln, w->wgu, NULL, N, C, 2 * F)) ||
-            (s = ct_swiglu_forward(c->hb, c->gu, N, F)) ||
+            (s = ct_gemm_f32(false, true, N, C, HE, 1.0f, c->att, HE, w->wo, HE, 1.0f, c->x, C)))
+            break;
+        if (w->bo) add_rows(c->x, w->bo, N, C);
+        if ((s = ct_rmsnorm_forward(c->ln, c->rstd, c->x, w->norm2, N, C, cfg->norm_eps)))
+            break;
+        if (w->wup == w->wgu + F * C)
+            s = ct_linear_forward(c->gu, c->ln, w->wgu, NULL, N, C, 2 * F);
+        else if (!(s = ct_gemm_f32(false, true, N, F, C, 1.0f, c->ln, C, w->wgu, C, 0.0f, c->gu,
+                                   2 * F))) /* gate and up held apart */
+            s = ct_gemm_f32(false, true, N, F, C, 1.0f, c->ln, C, w->wup, C, 0.0f, c->gu + F, 2 * F);
+        if (s || (s = ct_swiglu_forward(c->hb, c->gu, N, F)) ||
             (s = ct_gemm_f32(false, true, N, C, F, 1.0f, c->hb, F, w->wdown, F, 1.0f, c->x, C)))
             break;
     }

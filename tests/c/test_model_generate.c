@@ -9,6 +9,9 @@ typedef struct model_case {
     int64_t context, window, kv_heads;
     int32_t eos; /* document masking token, -1: none */
     bool tied;
+    int64_t head_dim; /* 0: d_model / n_head */
+    bool bias;        /* q/k/v and o biases (random) */
+    int32_t rope_scaling;
 } model_case;
 
 static ct_gpt *make_model(const model_case *mc, int64_t batch)
@@ -24,12 +27,25 @@ static ct_gpt *make_model(const model_case *mc, int64_t batch)
     c.window = mc->window;
     c.tied = mc->tied;
     c.init_std = 0.4f; /* large weights: attention far from uniform */
+    c.head_dim = mc->head_dim;
+    c.qkv_bias = c.o_bias = mc->bias;
+    c.rope_scaling = mc->rope_scaling;
+    if (mc->rope_scaling) {
+        c.rope_factor = 4;
+        c.rope_original_context = 8;
+    }
     ct_gpt_options o = ct_gpt_options_default();
     o.batch = batch;
     o.eos_token = mc->eos;
     ct_gpt *m = NULL;
     CHECK_OK(ct_gpt_create(&c, &o, &m));
     if (m) CHECK_OK(ct_gpt_init(m, 11));
+    for (int i = 0; m && i < ct_gpt_num_tensors(m); i++) {
+        const char *name;
+        ct_tensor p;
+        CHECK_OK(ct_gpt_tensor(m, i, &name, &p, NULL));
+        if (strstr(name, ".bias")) t_fill(p.data, (size_t)ct_tensor_numel(&p), -0.5f, 0.5f);
+    }
     return m;
 }
 
@@ -45,7 +61,7 @@ static void random_tokens(int32_t *x, int64_t n, int32_t V, int32_t eos)
  * decode the rest one token at a time; every logit row must equal the full forward's. */
 static void test_cached_logits(const model_case *mc, int64_t B, int64_t T, int64_t p)
 {
-    ct_gpt *m = make_model(mc, 1);
+    ct_gpt *m = make_model(mc, B);
     if (!m) return;
     int64_t V = 37;
     int32_t *tok = malloc((size_t)(B * T) * sizeof *tok);
@@ -76,6 +92,13 @@ static void test_cached_logits(const model_case *mc, int64_t B, int64_t T, int64
         }
     }
     CHECK(ct_gpt_cache_length(c) == T);
+    /* and against every position of the batched full forward (ct_gpt_logits) */
+    float *full = malloc((size_t)(B * T * V) * sizeof *full);
+    CHECK_OK(ct_gpt_logits(m, tok, B, T, full));
+    bad += !t_close(all, full, (size_t)(p * V), 1e-5, 0, "prefill vs ct_gpt_logits") ||
+           !t_close(step + (B - 1) * V, full + (B * T - 1) * V, (size_t)V, 1e-5, 0,
+                    "decode vs ct_gpt_logits");
+    free(full);
     if (bad)
         fprintf(stderr, "  case context %lld window %lld kv %lld eos %d: %d rows differ\n",
                 (long long)mc->context, (long long)mc->window, (long long)mc->kv_heads, mc->eos,
@@ -109,7 +132,7 @@ static void test_cached_logits(const model_case *mc, int64_t B, int64_t T, int64
 /* More than one chunk (256 positions) in one prefill, and prefill in two calls. */
 static void test_chunked_prefill(void)
 {
-    model_case mc = {300, 40, 2, 5, true};
+    model_case mc = {300, 40, 2, 5, true, 0, false, 0};
     ct_gpt *m = make_model(&mc, 1);
     if (!m) return;
     int64_t T = 300, V = 37;
@@ -285,7 +308,7 @@ static void on_step(void *ctx, int64_t step, const int32_t *tokens, int64_t batc
  * and past the context where every step re-fills the cache). */
 static void test_generate(void)
 {
-    model_case mc = {24, 6, 2, 4, false};
+    model_case mc = {24, 6, 2, 4, false, 0, false, 0};
     ct_gpt *m = make_model(&mc, 1);
     if (!m) return;
     enum { B = 3, T = 5, NEW = 30 };
@@ -376,7 +399,7 @@ static void test_generate(void)
 
 static void test_cache_memory_and_errors(void)
 {
-    model_case mc = {64, 0, 2, -1, true};
+    model_case mc = {64, 0, 2, -1, true, 0, false, 0};
     ct_gpt *m = make_model(&mc, 1);
     if (!m) return;
     ct_gpt_cache *c = (ct_gpt_cache *)1;
@@ -431,10 +454,13 @@ static void test_cache_memory_and_errors(void)
 int main(void)
 {
     model_case cases[] = {
-        {20, 0, 2, -1, true},  /* causal, GQA */
-        {20, 4, 2, -1, true},  /* sliding window */
-        {20, 0, 1, 3, false},  /* document masking, one kv head, untied */
-        {20, 5, 4, 3, true},   /* window and documents, MHA */
+        {20, 0, 2, -1, true, 0, false, 0},  /* causal, GQA */
+        {20, 4, 2, -1, true, 0, false, 0},  /* sliding window */
+        {20, 0, 1, 3, false, 0, false, 0},  /* document masking, one kv head, untied */
+        {20, 5, 4, 3, true, 0, false, 0},   /* window and documents, MHA */
+        /* Hugging Face shapes: head_dim 6 (H E != C), Qwen2-style biases, llama3 RoPE */
+        {20, 0, 2, -1, true, 6, true, CT_ROPE_SCALING_LLAMA3},
+        {20, 3, 1, 2, false, 0, true, CT_ROPE_SCALING_LINEAR},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         test_cached_logits(&cases[i], 1, 20, 6);
