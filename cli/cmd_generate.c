@@ -113,7 +113,8 @@ int cmd_generate(int argc, char **argv)
     float *logits = NULL, *vals = NULL;
     int64_t *idx = NULL;
     int rc = 0;
-    if ((s = ct_gpt_checkpoint_config(f, &cfg))) {
+    /* config + every tensor's shape and dtype, checked before the model is allocated */
+    if ((s = ct_gpt_checkpoint_check(f, false, &cfg))) {
         rc = cli_fail("generate", s);
         goto done;
     }
@@ -124,6 +125,10 @@ int cmd_generate(int argc, char **argv)
     }
     ct_gpt_options mo = ct_gpt_options_default();
     mo.batch = 1;
+    /* activations for the longest window this run can feed (prompt bytes + tokens), not for
+     * the whole context: a deep model with a long context stays small here */
+    int64_t longest = (int64_t)strlen(prompt) + ntok + 2;
+    mo.seq = longest < cfg.context ? longest : cfg.context;
     const char *tr = ct_tensor_file_metadata_get(f, "train");
     ct_train_options to = ct_train_options_default();
     if (tr && ct_train_options_from_json(tr, &to) == CT_OK) mo.eos_token = to.eos_token;

@@ -433,7 +433,9 @@ static int settings_from_checkpoint(run *r, const char *path, uint64_t *sum, int
                *dj = ct_tensor_file_metadata_get(f, "data");
     const char *kj = ct_tensor_file_metadata_get(f, "tokenizer");
     json_t *d = dj ? json_loads(dj, 0, NULL) : NULL;
-    if ((s = ct_gpt_checkpoint_config(f, &r->cfg)) ||
+    /* the whole checkpoint (config, tensor shapes and dtypes, trainer state) is checked
+     * before anything the model's size is allocated */
+    if ((s = ct_gpt_checkpoint_check(f, true, &r->cfg)) ||
         (tj && (s = ct_train_options_from_json(tj, &r->to)))) {
         rc = cli_fail("train: --resume", s);
         goto done;

@@ -324,12 +324,17 @@ CT_API ct_status ct_gpt_generate(ct_gpt *m, const int32_t *prompt, int64_t batch
 
 /* ---- training ----------------------------------------------------------------------------- */
 
+/** Caps of ct_train_options (the CLI's too): batch and eval_batches <= 2^20, accum in
+ *  [1, 2^20]. A checkpoint's "train" metadata beyond them is refused. */
+#define CT_TRAIN_MAX_BATCH (1 << 20)
+#define CT_TRAIN_MAX_ACCUM (1 << 20)
+
 /** Options of a training run. */
 typedef struct ct_train_options {
     uint64_t seed;      /**< weights and data order; default 1 */
-    int64_t batch;      /**< sequences per micro-batch; default 8 */
+    int64_t batch;      /**< sequences per micro-batch, 1 .. 2^20; default 8 */
     int64_t seq;        /**< tokens per sequence, 1 .. context; 0 (default): context */
-    int64_t accum;      /**< micro-batches per optimizer step (gradient accumulation); default 1 */
+    int64_t accum; /**< micro-batches per optimizer step (gradient accumulation), 1 .. 2^20; default 1 */
     int64_t steps;      /**< optimizer steps of the schedule; default 350 */
     int64_t warmup;     /**< warmup steps; default 20 */
     float lr, min_lr;   /**< peak and final learning rate; default 3e-3, 3e-4 */
@@ -410,7 +415,22 @@ CT_API ct_status ct_trainer_save(const ct_trainer *t, const char *path, size_t n
  *  partly overwritten: free it. */
 CT_API ct_status ct_trainer_load(ct_trainer *t, const char *path);
 
-/** Read the "config" metadata of a checkpoint file into *cfg. CT_EFORMAT if absent or bad. */
+/** Validate a checkpoint before anything the size of its model is allocated (the one check
+ *  behind ct_gpt_checkpoint_config, ct_trainer_load, `ctorch generate` and `ctorch train
+ *  --resume`): its "format" is "ctorch-gpt", its "config" metadata parses and passes
+ *  ct_gpt_config_check (into *cfg), and every parameter tensor that configuration has is in
+ *  the file with the configuration's shape and a floating-point dtype. So a small file
+ *  whose configuration describes a huge model fails here, having allocated nothing of it.
+ *  With trainer_state, also the AdamW moments (optimizer.exp_avg.<name>,
+ *  optimizer.exp_avg_sq.<name>, same shapes), the "train" options when present (the rules
+ *  of ct_trainer_create, caps included), "step", "epoch" and "data_pos" (integers in
+ *  [0, 2^63)) and "rng" (64 hex digits, not all zero). CT_EFORMAT names the first tensor or
+ *  field that breaks a rule, and the rule. */
+CT_API ct_status ct_gpt_checkpoint_check(const ct_tensor_file *f, bool trainer_state,
+                                         ct_gpt_config *cfg);
+
+/** Read the "config" metadata of a checkpoint file into *cfg, validated with its parameter
+ *  tensors: ct_gpt_checkpoint_check(f, false, cfg). CT_EFORMAT if absent or bad. */
 CT_API ct_status ct_gpt_checkpoint_config(const ct_tensor_file *f, ct_gpt_config *cfg);
 
 #ifdef __cplusplus

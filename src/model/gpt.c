@@ -99,6 +99,27 @@ static void tensor_table(ct_gpt *m)
     add_tensor(m, "norm.weight", C, 0);
 }
 
+/* Entries tensor_table may fill: embedding, head, final norm, at most 12 per layer. */
+static size_t table_cap(const ct_gpt_config *c)
+{
+    return (size_t)(3 + 12 * c->n_layer);
+}
+
+ct_status gpt_tensor_table(const ct_gpt_config *c, gpt_tensor **tensors, int *n)
+{
+    *tensors = NULL;
+    *n = 0;
+    CT_TRY(ct_gpt_config_check(c));
+    ct_gpt tmp;
+    memset(&tmp, 0, sizeof tmp);
+    tmp.cfg = *c;
+    CT_TRY(ct_calloc((void **)&tmp.tensors, table_cap(c) * sizeof(gpt_tensor)));
+    tensor_table(&tmp);
+    *tensors = tmp.tensors;
+    *n = tmp.ntensors;
+    return CT_OK;
+}
+
 /* Point the per-layer views at the flat arrays (base = params or grads). */
 static void bind(const ct_gpt *m, float *base, gpt_weights *w)
 {
@@ -163,7 +184,7 @@ ct_status ct_gpt_create(const ct_gpt_config *cfg, const ct_gpt_options *opt, ct_
     m->opt = o;
     int64_t L = cfg->n_layer;
     ct_status s;
-    if ((s = ct_calloc((void **)&m->tensors, (size_t)(3 + 12 * L) * sizeof(gpt_tensor))) ||
+    if ((s = ct_calloc((void **)&m->tensors, table_cap(cfg) * sizeof(gpt_tensor))) ||
         (s = ct_calloc((void **)&m->inv_freq, (size_t)ct_gpt_head_dim(cfg) / 2 * sizeof(float))) ||
         (s = ct_gpt_rope_inv_freq(cfg, m->inv_freq)) ||
         (s = ct_calloc((void **)&m->w.layer, (size_t)L * sizeof(gpt_layer))) ||

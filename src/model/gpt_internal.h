@@ -17,6 +17,12 @@ typedef struct gpt_tensor {
     bool decay;
 } gpt_tensor;
 
+/* The parameter tensors of configuration c (checked) without a model, for the checkpoint
+ * checks that run before anything the model's size is allocated: a new table of *n entries
+ * in the model's order (names, shapes; offsets as in the model), ct_free it. Its size is
+ * bounded by the layer cap (a few KB per layer), not by the tensors' sizes. */
+ct_status gpt_tensor_table(const ct_gpt_config *c, gpt_tensor **tensors, int *n);
+
 /* Views of one layer's tensors inside a flat array (parameters or gradients). */
 typedef struct gpt_layer {
     float *wq, *wk, *wv, *wo, *wgu, *wdown, *norm1, *norm2;

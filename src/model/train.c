@@ -2,6 +2,7 @@
  * a warmup + cosine schedule, held-out evaluation, and checkpoints that resume exactly. */
 #include "model/gpt_internal.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stddef.h>
 #include <jansson.h>
@@ -54,8 +55,11 @@ static ct_status check_train_options(const ct_gpt_config *c, ct_train_options *o
     if (o->seq < 1 || o->seq > c->context)
         return ct_error(CT_EINVAL, "%s: seq must be in [1, context = %lld], got %lld", fn,
                         (long long)c->context, (long long)o->seq);
-    if (o->accum < 1)
-        return ct_error(CT_EINVAL, "%s: accum must be >= 1, got %lld", fn, (long long)o->accum);
+    if (o->batch > CT_TRAIN_MAX_BATCH)
+        return ct_error(CT_EINVAL, "%s: batch must be <= 2^20, got %lld", fn, (long long)o->batch);
+    if (o->accum < 1 || o->accum > CT_TRAIN_MAX_ACCUM)
+        return ct_error(CT_EINVAL, "%s: accum must be in [1, 2^20], got %lld", fn,
+                        (long long)o->accum);
     if (o->steps < 1)
         return ct_error(CT_EINVAL, "%s: steps must be >= 1, got %lld", fn, (long long)o->steps);
     if (o->warmup < 0)
@@ -63,8 +67,8 @@ static ct_status check_train_options(const ct_gpt_config *c, ct_train_options *o
     if (!(o->lr >= 0) || !(o->min_lr >= 0) || !isfinite(o->lr) || !isfinite(o->min_lr))
         return ct_error(CT_EINVAL, "%s: lr and min_lr must be finite and >= 0 (got %g, %g)", fn,
                         o->lr, o->min_lr);
-    if (o->eval_batches < 0)
-        return ct_error(CT_EINVAL, "%s: eval_batches must be >= 0, got %lld", fn,
+    if (o->eval_batches < 0 || o->eval_batches > CT_TRAIN_MAX_BATCH)
+        return ct_error(CT_EINVAL, "%s: eval_batches must be in [0, 2^20], got %lld", fn,
                         (long long)o->eval_batches);
     ct_adamw_options a = {o->lr, o->beta1, o->beta2, o->eps, o->weight_decay};
     if (!(a.beta1 >= 0 && a.beta1 < 1) || !(a.beta2 >= 0 && a.beta2 < 1) || !(a.eps > 0) ||
@@ -428,10 +432,8 @@ done:
     return s;
 }
 
-ct_status ct_gpt_checkpoint_config(const ct_tensor_file *f, ct_gpt_config *cfg)
+static ct_status read_config(const ct_tensor_file *f, ct_gpt_config *cfg)
 {
-    if (!f || !cfg)
-        return ct_error(CT_EINVAL, "ct_gpt_checkpoint_config: arguments must not be NULL");
     const char *fmt = ct_tensor_file_metadata_get(f, "format");
     const char *js = ct_tensor_file_metadata_get(f, "config");
     if (!fmt || strcmp(fmt, "ctorch-gpt") || !js)
@@ -445,16 +447,127 @@ ct_status ct_gpt_checkpoint_config(const ct_tensor_file *f, ct_gpt_config *cfg)
     return CT_OK;
 }
 
+static bool float_dtype(ct_dtype dt)
+{
+    return dt == CT_DTYPE_F32 || dt == CT_DTYPE_F64 || dt == CT_DTYPE_F16 || dt == CT_DTYPE_BF16 ||
+           dt == CT_DTYPE_F8_E4M3 || dt == CT_DTYPE_F8_E5M2;
+}
+
+static void shape_text(char *buf, size_t cap, int ndim, const int64_t *shape)
+{
+    size_t n = (size_t)snprintf(buf, cap, "[");
+    for (int d = 0; d < ndim && n < cap; d++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
+/* Tensor `name` of the file has the shape of table entry t and a floating dtype. */
+static ct_status check_tensor(const ct_tensor_file *f, const char *name, const gpt_tensor *t)
+{
+    size_t idx;
+    if (ct_tensor_file_find(f, name, &idx) != CT_OK)
+        return ct_error(CT_EFORMAT, "checkpoint: tensor '%s' is missing", name);
+    ct_tensor_info info;
+    CT_TRY(ct_tensor_file_info(f, idx, &info));
+    if (!info.has_dtype || !float_dtype(info.dtype))
+        return ct_error(CT_EFORMAT,
+                        "checkpoint: tensor '%s' has dtype %s; parameters need a floating-point "
+                        "one (F32, F64, F16, BF16, F8)",
+                        name, ct_st_dtype_name(info.st_dtype));
+    bool same = info.ndim == t->ndim;
+    for (int d = 0; same && d < t->ndim; d++)
+        same = info.shape[d] == t->shape[d];
+    if (!same) {
+        char want[64], got[160];
+        shape_text(want, sizeof want, t->ndim, t->shape);
+        shape_text(got, sizeof got, info.ndim > 8 ? 8 : info.ndim, info.shape);
+        return ct_error(CT_EFORMAT,
+                        "checkpoint: tensor '%s' has shape %s%s, not the configuration's %s", name,
+                        got, info.ndim > 8 ? " (first 8 dims)" : "", want);
+    }
+    return CT_OK;
+}
+
 static ct_status meta_int(const ct_tensor_file *f, const char *key, int64_t lo, int64_t *out)
 {
     const char *v = ct_tensor_file_metadata_get(f, key);
     char *end;
+    errno = 0;
     long long x = v ? strtoll(v, &end, 10) : 0;
-    if (!v || !*v || *end || x < lo)
-        return ct_error(CT_EFORMAT, "checkpoint: metadata \"%s\" must be an integer >= %lld", key,
-                        (long long)lo);
+    if (!v || !*v || *end || errno == ERANGE || x < lo)
+        return ct_error(CT_EFORMAT,
+                        "checkpoint: metadata \"%s\" must be an integer in [%lld, 2^63), got "
+                        "\"%.40s\"",
+                        key, (long long)lo, v ? v : "");
     *out = x;
     return CT_OK;
+}
+
+/* The trainer state of a checkpoint's metadata: step, epoch, data position, random state. */
+static ct_status read_state(const ct_tensor_file *f, int64_t *step, int64_t *epoch, int64_t *pos,
+                            ct_rng *rng)
+{
+    CT_TRY(meta_int(f, "step", 0, step));
+    CT_TRY(meta_int(f, "epoch", 0, epoch));
+    CT_TRY(meta_int(f, "data_pos", 0, pos));
+    const char *r = ct_tensor_file_metadata_get(f, "rng");
+    if (!r || strlen(r) != 64)
+        return ct_error(CT_EFORMAT, "checkpoint: metadata \"rng\" must be 64 hex digits");
+    for (int i = 0; i < 4; i++) {
+        char w[17], *end;
+        memcpy(w, r + 16 * i, 16);
+        w[16] = '\0';
+        for (int k = 0; k < 16; k++)
+            if (!((w[k] >= '0' && w[k] <= '9') || (w[k] >= 'a' && w[k] <= 'f') ||
+                  (w[k] >= 'A' && w[k] <= 'F')))
+                return ct_error(CT_EFORMAT, "checkpoint: metadata \"rng\" must be 64 hex digits");
+        rng->s[i] = strtoull(w, &end, 16);
+    }
+    if (!(rng->s[0] | rng->s[1] | rng->s[2] | rng->s[3]))
+        return ct_error(CT_EFORMAT,
+                        "checkpoint: metadata \"rng\" is all zero, which is not a state of the "
+                        "generator (it would only ever return 0)");
+    return CT_OK;
+}
+
+ct_status ct_gpt_checkpoint_check(const ct_tensor_file *f, bool trainer_state,
+                                  ct_gpt_config *cfg)
+{
+    if (!f || !cfg)
+        return ct_error(CT_EINVAL, "ct_gpt_checkpoint_check: arguments must not be NULL");
+    CT_TRY(read_config(f, cfg));
+    gpt_tensor *tab;
+    int n;
+    CT_TRY(gpt_tensor_table(cfg, &tab, &n));
+    ct_status s = CT_OK;
+    for (int i = 0; i < n && !s; i++) {
+        s = check_tensor(f, tab[i].name, &tab[i]);
+        for (int k = 0; trainer_state && k < 2 && !s; k++) {
+            char nm[128];
+            snprintf(nm, sizeof nm, "%s%s", k ? "optimizer.exp_avg_sq." : "optimizer.exp_avg.",
+                     tab[i].name);
+            s = check_tensor(f, nm, &tab[i]);
+        }
+    }
+    ct_free(tab);
+    if (s || !trainer_state) return s;
+    const char *tj = ct_tensor_file_metadata_get(f, "train");
+    if (tj) {
+        ct_train_options o = ct_train_options_default();
+        s = ct_train_options_from_json(tj, &o);
+        if (!s) s = check_train_options(cfg, &o);
+        if (s) return ct_error_wrap(CT_EFORMAT, "checkpoint: metadata \"train\"");
+    }
+    int64_t step, epoch, pos;
+    ct_rng rng;
+    return read_state(f, &step, &epoch, &pos, &rng);
+}
+
+ct_status ct_gpt_checkpoint_config(const ct_tensor_file *f, ct_gpt_config *cfg)
+{
+    if (!f || !cfg)
+        return ct_error(CT_EINVAL, "ct_gpt_checkpoint_config: arguments must not be NULL");
+    return ct_gpt_checkpoint_check(f, false, cfg);
 }
 
 ct_status ct_trainer_load(ct_trainer *t, const char *path)
@@ -463,7 +576,7 @@ ct_status ct_trainer_load(ct_trainer *t, const char *path)
     ct_tensor_file *f;
     CT_TRY(ct_load(path, NULL, &f));
     ct_gpt_config c;
-    ct_status s = ct_gpt_checkpoint_config(f, &c);
+    ct_status s = ct_gpt_checkpoint_check(f, true, &c);
     char *mine = NULL, *theirs = NULL;
     if (s == CT_OK && (s = ct_gpt_config_to_json(&t->cfg, &mine)) == CT_OK &&
         (s = ct_gpt_config_to_json(&c, &theirs)) == CT_OK && strcmp(mine, theirs))
@@ -474,22 +587,7 @@ ct_status ct_trainer_load(ct_trainer *t, const char *path)
     ct_free(theirs);
     int64_t step = 0, epoch = 0, pos = 0;
     ct_rng rng = {{0, 0, 0, 0}};
-    if (s == CT_OK) s = meta_int(f, "step", 0, &step);
-    if (s == CT_OK) s = meta_int(f, "epoch", 0, &epoch);
-    if (s == CT_OK) s = meta_int(f, "data_pos", 0, &pos);
-    if (s == CT_OK) {
-        const char *r = ct_tensor_file_metadata_get(f, "rng");
-        if (!r || strlen(r) != 64)
-            s = ct_error(CT_EFORMAT, "checkpoint: metadata \"rng\" must be 64 hex digits");
-        for (int i = 0; i < 4 && s == CT_OK; i++) {
-            char w[17], *end;
-            memcpy(w, r + 16 * i, 16);
-            w[16] = '\0';
-            rng.s[i] = strtoull(w, &end, 16);
-            if (*end)
-                s = ct_error(CT_EFORMAT, "checkpoint: metadata \"rng\" must be 64 hex digits");
-        }
-    }
+    if (s == CT_OK) s = read_state(f, &step, &epoch, &pos, &rng);
     /* the data position must be one this run's data can continue from */
     if (s == CT_OK && pos > t->n_train)
         s = ct_error(

@@ -456,6 +456,152 @@ static void test_logits(void)
     ct_gpt_free(m);
 }
 
+/* Copy checkpoint src to dst with metadata `key` set to `value` (added if absent; NULL key:
+ * none), tensor `drop` left out and tensor `as_i32` stored as int32 (NULL: none). */
+static void resave(const char *src, const char *dst, const char *key, const char *value,
+                   const char *drop, const char *as_i32)
+{
+    ct_tensor_file *f;
+    CHECK_OK(ct_load(src, NULL, &f));
+    size_t n = ct_tensor_file_count(f), nm = ct_tensor_file_metadata_count(f), k = 0, km = 0;
+    ct_tensor *ts = calloc(n, sizeof *ts);
+    const char **names = calloc(n, sizeof *names), **mk = calloc(nm + 1, sizeof *mk),
+               **mv = calloc(nm + 1, sizeof *mv);
+    for (size_t i = 0; i < n; i++) {
+        ct_tensor_info info;
+        CHECK_OK(ct_tensor_file_info(f, i, &info));
+        if (drop && !strcmp(info.name, drop)) continue;
+        names[k] = info.name;
+        if (as_i32 && !strcmp(info.name, as_i32))
+            CHECK_OK(ct_tensor_file_read(f, i, CT_DTYPE_I32, &ts[k]));
+        else
+            CHECK_OK(ct_tensor_file_view(f, i, &ts[k]));
+        k++;
+    }
+    bool set = false;
+    for (size_t i = 0; i < nm; i++) {
+        CHECK_OK(ct_tensor_file_metadata(f, i, &mk[km], &mv[km]));
+        if (key && !strcmp(mk[km], key)) mv[km] = value, set = true;
+        km++;
+    }
+    if (key && !set) mk[km] = key, mv[km] = value, km++;
+    CHECK_OK(ct_save_safetensors(dst, ts, names, k, mk, mv, km, NULL));
+    for (size_t i = 0; i < k; i++)
+        if (ts[i].owns) ct_tensor_free(&ts[i]);
+    free(ts);
+    free(names);
+    free(mk);
+    free(mv);
+    ct_tensor_file_close(f);
+}
+
+/* One validation path (ct_gpt_checkpoint_check) for generate and resume: a small file whose
+ * configuration describes a 4 GB model fails before any of it is allocated; bad tensors,
+ * moments and trainer state are named. */
+static void test_checkpoint_validation(void)
+{
+    ct_gpt_config c = tiny_config();
+    ct_train_options o = ct_train_options_default();
+    o.batch = 2;
+    o.steps = 4;
+    int32_t *tr = make_tokens(100, 0);
+    char path[64], bad[64];
+    snprintf(path, sizeof path, "/tmp/ct_test_ckcheck_%d.safetensors", (int)getpid());
+    snprintf(bad, sizeof bad, "/tmp/ct_test_ckcheck_bad_%d.safetensors", (int)getpid());
+    ct_trainer *t, *r;
+    CHECK_OK(ct_trainer_create(&c, &o, tr, 100, NULL, 0, &t));
+    CHECK_OK(ct_trainer_step(t, NULL));
+    CHECK_OK(ct_trainer_save(t, path, 0, NULL, NULL));
+    CHECK_OK(ct_trainer_create(&c, &o, tr, 100, NULL, 0, &r));
+    ct_tensor_file *f;
+    ct_gpt_config got;
+    CHECK_OK(ct_load(path, NULL, &f));
+    CHECK_OK(ct_gpt_checkpoint_check(f, true, &got));
+    CHECK(got.vocab_size == c.vocab_size && got.d_ff == c.d_ff && got.window == c.window);
+    CHECK_OK(ct_gpt_checkpoint_config(f, &got));
+    CHECK_STATUS(ct_gpt_checkpoint_check(NULL, false, &got), CT_EINVAL);
+    ct_tensor_file_close(f);
+
+    /* 312 bytes of tensors, a configuration of 2^20 x 1024 embeddings (4 GiB of floats) */
+    {
+        float x[4] = {1, 2, 3, 4};
+        ct_tensor e;
+        ct_tensor_wrap(&e, x, CT_DTYPE_F32, 2, (int64_t[]){2, 2}, NULL);
+        const char *nm[1] = {"tok_embeddings.weight"};
+        const char *mk[2] = {"format", "config"},
+                   *mv[2] = {"ctorch-gpt", "{\"vocab_size\": 1048576, \"d_model\": 1024, "
+                                           "\"n_head\": 8, \"n_kv_head\": 8, \"n_layer\": 64, "
+                                           "\"d_ff\": 65536, \"context\": 65536}"};
+        CHECK_OK(ct_save_safetensors(bad, &e, nm, 1, mk, mv, 2, NULL));
+        CHECK_OK(ct_load(bad, NULL, &f));
+        ct_memory_stats_t before, after;
+        ct_memory_reset_peak();
+        ct_memory_stats(&before);
+        CHECK_STATUS(ct_gpt_checkpoint_config(f, &got), CT_EFORMAT);
+        CHECK(strstr(ct_last_error(), "'tok_embeddings.weight' has shape [2, 2], not the "
+                                      "configuration's [1048576, 1024]"));
+        CHECK_STATUS(ct_gpt_checkpoint_check(f, true, &got), CT_EFORMAT);
+        ct_memory_stats(&after);
+        CHECK(after.peak_bytes - before.current_bytes < 256 * 1024); /* the name table only */
+        ct_tensor_file_close(f);
+        CHECK_STATUS(ct_trainer_load(r, bad), CT_EFORMAT);
+    }
+    /* a missing moment: fine for the model alone, not for resuming */
+    resave(path, bad, NULL, NULL, "optimizer.exp_avg_sq.norm.weight", NULL);
+    CHECK_OK(ct_load(bad, NULL, &f));
+    CHECK_OK(ct_gpt_checkpoint_check(f, false, &got));
+    CHECK_STATUS(ct_gpt_checkpoint_check(f, true, &got), CT_EFORMAT);
+    CHECK(strstr(ct_last_error(), "'optimizer.exp_avg_sq.norm.weight' is missing"));
+    ct_tensor_file_close(f);
+    CHECK_STATUS(ct_trainer_load(r, bad), CT_EFORMAT);
+    /* a parameter stored as integers is not a parameter */
+    resave(path, bad, NULL, NULL, NULL, "layers.1.attention.wk.weight");
+    CHECK_OK(ct_load(bad, NULL, &f));
+    CHECK_STATUS(ct_gpt_checkpoint_config(f, &got), CT_EFORMAT);
+    CHECK(strstr(ct_last_error(), "'layers.1.attention.wk.weight' has dtype I32"));
+    ct_tensor_file_close(f);
+    /* trainer state that passed before: a step past int64 (was clamped), an all-zero random
+     * state, accum 2^40 (the CLI caps 2^20), a negative step */
+    static const char *cases[][2] = {
+        {"step", "9223372036854775808"},
+        {"step", "-1"},
+        {"epoch", "99999999999999999999"},
+        {"rng", "0000000000000000000000000000000000000000000000000000000000000000"},
+        {"rng", "0000000000000000000000000000000000000000000000000000000000000g01"},
+        {"train", "{\"accum\": 1099511627776}"},
+        {"train", "{\"batch\": 0}"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        resave(path, bad, cases[i][0], cases[i][1], NULL, NULL);
+        CHECK_OK(ct_load(bad, NULL, &f));
+        CHECK_OK(ct_gpt_checkpoint_check(f, false, &got));
+        CHECK_STATUS(ct_gpt_checkpoint_check(f, true, &got), CT_EFORMAT);
+        if (!strstr(ct_last_error(), cases[i][0])) {
+            CHECK(!"the message names the field");
+            fprintf(stderr, "  %s=%s: %s\n", cases[i][0], cases[i][1], ct_last_error());
+        }
+        ct_tensor_file_close(f);
+        CHECK_STATUS(ct_trainer_load(r, bad), CT_EFORMAT);
+    }
+    /* the library caps accum as the CLI does */
+    ct_train_options o2 = o;
+    o2.accum = CT_TRAIN_MAX_ACCUM + 1;
+    ct_trainer *w = NULL;
+    CHECK_STATUS(ct_trainer_create(&c, &o2, tr, 100, NULL, 0, &w), CT_EINVAL);
+    CHECK(strstr(ct_last_error(), "accum"));
+    o2.accum = 1;
+    o2.batch = CT_TRAIN_MAX_BATCH + 1;
+    CHECK_STATUS(ct_trainer_create(&c, &o2, tr, 100, NULL, 0, &w), CT_EINVAL);
+    /* the good checkpoint still resumes */
+    CHECK_OK(ct_trainer_load(r, path));
+    CHECK(ct_trainer_step_count(r) == 1);
+    remove(path);
+    remove(bad);
+    ct_trainer_free(t);
+    ct_trainer_free(r);
+    free(tr);
+}
+
 int main(void)
 {
     test_gradients(true, false, true, 0);
@@ -466,6 +612,7 @@ int main(void)
     test_rope_freqs();
     test_threads();
     test_resume();
+    test_checkpoint_validation();
     test_bad_input();
     test_next_logits();
     test_logits();
