@@ -1,7 +1,8 @@
-/* ctorch generate: sample text from a checkpoint written by ctorch train. */
+/* ctorch generate: continue a prompt from a model with a KV cache (ct_gpt_generate). */
 #include "cli.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -12,72 +13,158 @@ static void usage(FILE *f)
 {
     fprintf(
         f,
-        "usage: ctorch generate --checkpoint FILE [--prompt TEXT] [--tokens N] [--temperature T]\n"
-        "                       [--top-k K] [--seed S] [--threads N]\n"
-        "Continue PROMPT with N sampled tokens (default 64) from a model trained by `ctorch "
-        "train`.\n"
+        "usage: ctorch generate --model FILE [--prompt TEXT | --prompt-ids \"1 2 3\"]\n"
+        "                       [--max-new-tokens N] [--greedy] [--temperature T] [--top-k K]\n"
+        "                       [--top-p P] [--seed S] [--ignore-eos] [--json] [--no-cache]\n"
+        "                       [--threads N]\n"
+        "Continue the prompt with up to N tokens (default 64) from a model trained by `ctorch "
+        "train`,\n"
+        "prefilling the prompt into a KV cache and decoding one token at a time.\n"
         "A text model (--data) reads and writes text through the tokenizer stored in the "
         "checkpoint;\n"
         "a built-in corpus model reads and writes its words (\"tobeka\", '.' ends a document).\n"
-        "  --temperature T   divide the logits by T before sampling (default 0.8; 0: greedy)\n"
-        "  --top-k K         sample among the K most likely tokens only (default 40; 0: all)\n"
-        "  --seed S          sampling seed (default 1): the same seed gives the same text\n"
+        "  --model FILE        the checkpoint (alias: --checkpoint)\n"
+        "  --prompt TEXT       the prompt as text (default: empty, which starts a document)\n"
+        "  --prompt-ids IDS    the prompt as token ids, separated by spaces or commas\n"
+        "  --max-new-tokens N  tokens to generate at most (alias: --tokens; default 64)\n"
+        "  --temperature T     divide the logits by T (default 0.8; 0: greedy)\n"
+        "  --greedy            the most likely token every time (= --temperature 0)\n"
+        "  --top-k K           keep the K most likely tokens (default 40; 0: all), after T\n"
+        "  --top-p P           then keep the most likely tokens reaching probability P\n"
+        "                      (default 1: all)\n"
+        "  --seed S            sampling seed (default 1): the same seed gives the same text\n"
+        "  --ignore-eos        go on after the end-of-text token (default: stop there)\n"
+        "  --json              one JSON line on stdout: {\"prompt_ids\", \"new_ids\", \"text\" (of "
+        "the new\n"
+        "                      ids), \"prompt_tok_s\", \"decode_tok_s\"}\n"
+        "  --no-cache          the baseline: recompute the whole sequence for every token\n"
+        "Prompt and decode speeds (tokens/s) go to stderr (in --json, into the line).\n"
         "Exit status: 0 done, 1 a failure (the message says what), 2 a bad option.\n");
 }
 
-/* Sample from logits[V] with temperature and top-k (sorted descending by ct_topk_rows). */
-static int32_t sample(const float *logits, int64_t V, double temp, int64_t k, float *vals,
-                      int64_t *idx, ct_rng *rng)
+typedef struct gen_run {
+    const ct_tokenizer *tok;
+    bool stream; /* print each token as it comes */
+} gen_run;
+
+/* Bytes of one token: through the tokenizer, or the corpus word ('.' ends a line). */
+static void token_text(const ct_tokenizer *tok, int32_t id, char *buf, const char **b, size_t *n)
 {
-    if (temp <= 0) {
-        int64_t best;
-        ct_argmax_rows(&best, logits, 1, V);
-        return (int32_t)best;
+    if (tok) {
+        if (ct_tokenizer_token_bytes(tok, id, b, n) != CT_OK) *n = 0;
+        return;
     }
-    if (k <= 0 || k > V) k = V;
-    ct_topk_rows(vals, idx, logits, 1, V, k, true, true);
-    double mx = vals[0], sum = 0;
-    for (int64_t i = 0; i < k; i++)
-        sum += exp((vals[i] - mx) / temp);
-    double u = ct_rng_uniform(rng) * sum, acc = 0;
-    for (int64_t i = 0; i < k; i++) {
-        acc += exp((vals[i] - mx) / temp);
-        if (u < acc) return (int32_t)idx[i];
-    }
-    return (int32_t)idx[k - 1];
+    char w[16];
+    ct_corpus_token_text(id, w);
+    snprintf(buf, 24, id == 0 ? "%s\n" : "%s ", w);
+    *b = buf;
+    *n = strlen(buf);
 }
 
 static void print_token(const ct_tokenizer *tok, int32_t id)
 {
-    if (tok) {
-        const char *b;
-        size_t n;
-        if (ct_tokenizer_token_bytes(tok, id, &b, &n) == CT_OK) fwrite(b, 1, n, stdout);
-    } else {
-        char w[16];
-        ct_corpus_token_text(id, w);
-        printf(id == 0 ? "%s\n" : "%s ", w);
-    }
+    char buf[24];
+    const char *b;
+    size_t n;
+    token_text(tok, id, buf, &b, &n);
+    fwrite(b, 1, n, stdout);
     fflush(stdout);
+}
+
+static void on_step(void *ctx, int64_t step, const int32_t *tokens, int64_t batch)
+{
+    const gen_run *r = ctx;
+    if (r->stream) print_token(r->tok, tokens[0]);
+}
+
+/* Append bytes as valid UTF-8 (an invalid sequence becomes U+FFFD) for a JSON string. */
+static void utf8_append(char *dst, size_t *len, const unsigned char *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        unsigned char c = s[i];
+        size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        bool ok = k > 0 && i + k <= n;
+        for (size_t j = 1; ok && j < k; j++)
+            ok = (s[i + j] & 0xC0) == 0x80;
+        if (ok && k == 2) ok = c >= 0xC2;
+        if (ok && k == 3) {
+            unsigned cp = ((c & 15u) << 12) | ((s[i + 1] & 63u) << 6) | (s[i + 2] & 63u);
+            ok = cp >= 0x800 && (cp < 0xD800 || cp > 0xDFFF);
+        }
+        if (ok && k == 4) {
+            unsigned cp = ((c & 7u) << 18) | ((s[i + 1] & 63u) << 12);
+            ok = cp >= 0x10000 && cp <= 0x10FFFF;
+        }
+        if (ok && c != 0) {
+            memcpy(dst + *len, s + i, k);
+            *len += k;
+            i += k;
+        } else {
+            memcpy(dst + *len, "\xEF\xBF\xBD", 3);
+            *len += 3;
+            i++;
+        }
+    }
+}
+
+/* Parse "1 2 3" / "1,2,3" into ids (at most cap); false with a message on a bad one. */
+static bool parse_ids(const char *s, int64_t V, int32_t *ids, int64_t cap, int64_t *n)
+{
+    *n = 0;
+    const char *p = s;
+    for (;;) {
+        while (*p == ' ' || *p == ',' || *p == '\t' || *p == '\n') p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || errno || v < 0 || v >= V ||
+            (*end && *end != ' ' && *end != ',' && *end != '\t' && *end != '\n')) {
+            fprintf(stderr,
+                    "ctorch generate: --prompt-ids: '%.*s' is not a token id in [0, %lld)\n",
+                    (int)strcspn(p, " ,\t\n"), p, (long long)V);
+            return false;
+        }
+        if (*n >= cap) {
+            fprintf(stderr, "ctorch generate: --prompt-ids: more than %lld ids\n", (long long)cap);
+            return false;
+        }
+        ids[(*n)++] = (int32_t)v;
+        p = end;
+    }
+    return true;
 }
 
 int cmd_generate(int argc, char **argv)
 {
-    const char *ckpt = NULL, *prompt = "";
+    const char *ckpt = NULL, *prompt = NULL, *prompt_ids = NULL;
     long long ntok = 64, topk = 40, seed = 1, threads = 0;
-    double temp = 0.8;
+    double temp = 0.8, topp = 1.0;
+    bool json = false, ignore_eos = false, no_cache = false;
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
             return 0;
         }
-        if (cli_opt(argc, argv, &i, "--checkpoint", &v))
+        if (!strcmp(argv[i], "--greedy"))
+            temp = 0;
+        else if (!strcmp(argv[i], "--json"))
+            json = true;
+        else if (!strcmp(argv[i], "--ignore-eos"))
+            ignore_eos = true;
+        else if (!strcmp(argv[i], "--no-cache"))
+            no_cache = true;
+        else if (cli_opt(argc, argv, &i, "--checkpoint", &v) || cli_opt(argc, argv, &i, "--model", &v))
             ckpt = v;
         else if (cli_opt(argc, argv, &i, "--prompt", &v))
             prompt = v;
-        else if (cli_opt(argc, argv, &i, "--tokens", &v)) {
-            if (!cli_int("--tokens", v, 0, 1 << 20, &ntok)) return 2;
+        else if (cli_opt(argc, argv, &i, "--prompt-ids", &v))
+            prompt_ids = v;
+        else if (cli_opt(argc, argv, &i, "--tokens", &v) ||
+                 cli_opt(argc, argv, &i, "--max-new-tokens", &v)) {
+            if (!cli_int(argv[i - 1], v, 0, 1 << 20, &ntok)) return 2;
         } else if (cli_opt(argc, argv, &i, "--top-k", &v)) {
             if (!cli_int("--top-k", v, 0, 1 << 30, &topk)) return 2;
         } else if (cli_opt(argc, argv, &i, "--seed", &v)) {
@@ -90,6 +177,12 @@ int cmd_generate(int argc, char **argv)
                 fprintf(stderr, "ctorch: --temperature must be in [0, 100], got %s\n", v);
                 return 2;
             }
+        } else if (cli_opt(argc, argv, &i, "--top-p", &v)) {
+            if (!cli_float("--top-p", v, &topp)) return 2;
+            if (!(topp >= 0 && topp <= 1)) {
+                fprintf(stderr, "ctorch: --top-p must be in [0, 1], got %s\n", v);
+                return 2;
+            }
         } else {
             fprintf(stderr,
                     "ctorch generate: unknown option '%s' (ctorch generate --help lists them)\n",
@@ -98,20 +191,23 @@ int cmd_generate(int argc, char **argv)
         }
     }
     if (!ckpt) {
-        fprintf(stderr, "ctorch generate: --checkpoint FILE is required\n");
+        fprintf(stderr, "ctorch generate: --model FILE (or --checkpoint FILE) is required\n");
         return 2;
     }
+    if (prompt && prompt_ids) {
+        fprintf(stderr, "ctorch generate: give --prompt or --prompt-ids, not both\n");
+        return 2;
+    }
+    if (!prompt) prompt = "";
     if (threads) ct_set_num_threads((int)threads);
     ct_tensor_file *f;
     ct_status s = ct_load(ckpt, NULL, &f);
-    if (s) return cli_fail("generate: --checkpoint", s);
+    if (s) return cli_fail("generate: --model", s);
     ct_gpt_config cfg;
     ct_gpt *m = NULL;
     ct_tokenizer *tok = NULL;
-    int32_t *ids = NULL;
+    int32_t *ids = NULL, *out = NULL;
     int64_t n = 0;
-    float *logits = NULL, *vals = NULL;
-    int64_t *idx = NULL;
     int rc = 0;
     /* config + every tensor's shape and dtype, checked before the model is allocated */
     if ((s = ct_gpt_checkpoint_check(f, false, &cfg))) {
@@ -123,32 +219,46 @@ int cmd_generate(int argc, char **argv)
         rc = cli_fail("generate: the checkpoint's tokenizer", s);
         goto done;
     }
-    ct_gpt_options mo = ct_gpt_options_default();
-    mo.batch = 1;
-    /* activations for the longest window this run can feed (prompt bytes + tokens), not for
-     * the whole context: a deep model with a long context stays small here */
-    int64_t longest = (int64_t)strlen(prompt) + ntok + 2;
-    mo.seq = longest < cfg.context ? longest : cfg.context;
-    const char *tr = ct_tensor_file_metadata_get(f, "train");
-    ct_train_options to = ct_train_options_default();
-    if (tr && ct_train_options_from_json(tr, &to) == CT_OK) mo.eos_token = to.eos_token;
-    if ((s = ct_gpt_create(&cfg, &mo, &m)) || (s = ct_gpt_load_params(m, f))) {
-        rc = cli_fail("generate", s);
+    /* the prompt as tokens: ids, through the tokenizer, or as corpus words */
+    size_t plen = strlen(prompt_ids ? prompt_ids : prompt);
+    int64_t cap = (int64_t)plen + 2;
+    ids = malloc((size_t)cap * sizeof *ids);
+    if (!ids) {
+        rc = cli_fail("generate", CT_ENOMEM);
         goto done;
     }
-    /* the prompt as tokens: through the tokenizer, or as corpus words */
-    int64_t cap = (int64_t)strlen(prompt) + ntok + 2;
-    ids = malloc((size_t)cap * sizeof *ids);
-    if (tok) {
+    if (prompt_ids) {
+        if (!parse_ids(prompt_ids, cfg.vocab_size, ids, cap, &n)) {
+            rc = 2;
+            goto done;
+        }
+    } else if (tok) {
         int32_t *p;
         int64_t np;
-        if ((s = ct_tokenizer_encode(tok, prompt, strlen(prompt), &p, &np))) {
+        if ((s = ct_tokenizer_encode(tok, prompt, plen, &p, &np))) {
             rc = cli_fail("generate: --prompt", s);
             goto done;
+        }
+        if (np > cap) {
+            int32_t *bigger = realloc(ids, (size_t)np * sizeof *ids);
+            if (!bigger) {
+                ct_free(p);
+                rc = cli_fail("generate", CT_ENOMEM);
+                goto done;
+            }
+            ids = bigger;
         }
         memcpy(ids, p, (size_t)np * sizeof *ids);
         n = np;
         ct_free(p);
+        for (int64_t i = 0; i < n; i++)
+            if (ids[i] >= cfg.vocab_size) {
+                fprintf(stderr,
+                        "ctorch generate: --prompt token %d is outside the model's vocabulary\n",
+                        ids[i]);
+                rc = 1;
+                goto done;
+            }
     } else {
         char *copy = strdup(prompt), *save = NULL;
         for (char *w = strtok_r(copy, " \t\n", &save); w; w = strtok_r(NULL, " \t\n", &save)) {
@@ -170,32 +280,100 @@ int cmd_generate(int argc, char **argv)
         }
         free(copy);
     }
-    if (n == 0)
-        ids[n++] = tok ? ct_tokenizer_eos(tok) : 0; /* an empty prompt starts a document */
-    else
-        for (int64_t i = 0; i < n; i++)
-            print_token(tok, ids[i]);
-    logits = malloc((size_t)cfg.vocab_size * sizeof *logits);
-    vals = malloc((size_t)cfg.vocab_size * sizeof *vals);
-    idx = malloc((size_t)cfg.vocab_size * sizeof *idx);
-    ct_rng rng;
-    ct_rng_seed(&rng, (uint64_t)seed);
-    for (long long k = 0; k < ntok; k++) {
-        int64_t T = n < cfg.context ? n : cfg.context;
-        if ((s = ct_gpt_next_logits(m, ids + n - T, T, logits))) {
-            rc = cli_fail("generate", s);
+    int32_t eos = tok ? ct_tokenizer_eos(tok) : 0; /* the corpus's '.' ends a document */
+    if (eos >= cfg.vocab_size) eos = -1;
+    if (n == 0) {
+        if (eos < 0) {
+            fprintf(stderr, "ctorch generate: the prompt is empty and the model has no EOS token "
+                            "to start from\n");
+            rc = 1;
             goto done;
         }
-        int32_t next = sample(logits, cfg.vocab_size, temp, topk, vals, idx, &rng);
-        ids[n++] = next;
-        print_token(tok, next);
+        ids[n++] = eos; /* an empty prompt starts a document */
+    } else if (!json) {
+        for (int64_t i = 0; i < n; i++)
+            print_token(tok, ids[i]);
     }
-    printf("\n");
+    ct_gpt_options mo = ct_gpt_options_default();
+    mo.batch = 1;
+    /* activations (the baseline's) for the longest window this run feeds, not the whole
+     * context; the cache is sized the same way */
+    int64_t longest = n + ntok;
+    mo.seq = longest < cfg.context ? longest : cfg.context;
+    const char *tr = ct_tensor_file_metadata_get(f, "train");
+    ct_train_options to = ct_train_options_default();
+    if (tr && ct_train_options_from_json(tr, &to) == CT_OK) mo.eos_token = to.eos_token;
+    if ((s = ct_gpt_create(&cfg, &mo, &m)) || (s = ct_gpt_load_params(m, f))) {
+        rc = cli_fail("generate", s);
+        goto done;
+    }
+    out = malloc((size_t)(n + ntok) * sizeof *out);
+    if (!out) {
+        rc = cli_fail("generate", CT_ENOMEM);
+        goto done;
+    }
+    gen_run run = {tok, !json};
+    ct_generate_options go = ct_generate_options_default();
+    go.max_new_tokens = ntok;
+    go.sample.temperature = (float)temp;
+    go.sample.top_k = topk;
+    go.sample.top_p = (float)topp;
+    go.seed = (uint64_t)seed;
+    go.eos_token = ignore_eos ? -1 : eos;
+    go.no_cache = no_cache;
+    go.on_step = on_step;
+    go.ctx = &run;
+    int64_t nnew = 0;
+    ct_generate_stats st;
+    if ((s = ct_gpt_generate(m, ids, 1, n, &go, out, &nnew, &st))) {
+        if (!json) printf("\n");
+        rc = cli_fail("generate", s);
+        goto done;
+    }
+    double ptps = st.prompt_seconds > 0 ? (double)st.prompt_tokens / st.prompt_seconds : 0;
+    double dtps = st.decode_seconds > 0 ? (double)(st.new_tokens - 1) / st.decode_seconds : 0;
+    if (json) {
+        json_t *pi = json_array(), *ni = json_array();
+        size_t tbytes = 0;
+        for (int64_t i = 0; i < n; i++)
+            json_array_append_new(pi, json_integer(ids[i]));
+        for (int64_t i = 0; i < nnew; i++) {
+            json_array_append_new(ni, json_integer(out[n + i]));
+            char buf[24];
+            const char *b;
+            size_t k;
+            token_text(tok, out[n + i], buf, &b, &k);
+            tbytes += k;
+        }
+        char *text = malloc(3 * tbytes + 1);
+        size_t tl = 0;
+        for (int64_t i = 0; text && i < nnew; i++) {
+            char buf[24];
+            const char *b;
+            size_t k;
+            token_text(tok, out[n + i], buf, &b, &k);
+            utf8_append(text, &tl, (const unsigned char *)b, k);
+        }
+        json_t *j = json_pack("{s:o, s:o, s:s%, s:f, s:f}", "prompt_ids", pi, "new_ids", ni,
+                              "text", text ? text : "", text ? tl : (size_t)0, "prompt_tok_s", ptps,
+                              "decode_tok_s", dtps);
+        char *line = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        if (line) printf("%s\n", line);
+        else rc = cli_fail("generate: --json", CT_ENOMEM);
+        free(line);
+        free(text);
+        json_decref(j);
+    } else {
+        printf("\n");
+        fprintf(stderr,
+                "ctorch generate: prompt %lld tokens, %.1f tok/s; decode %lld tokens, %.1f tok/s "
+                "(%s)\n",
+                (long long)st.prompt_tokens, ptps, (long long)st.new_tokens, dtps,
+                no_cache ? "no cache" : "KV cache");
+    }
 done:
     free(ids);
-    free(logits);
-    free(vals);
-    free(idx);
+    free(out);
     ct_gpt_free(m);
     ct_tokenizer_free(tok);
     ct_tensor_file_close(f);

@@ -291,7 +291,9 @@ typedef void (*ct_generate_fn)(void *ctx, int64_t step, const int32_t *tokens, i
 typedef struct ct_generate_options {
     int64_t max_new_tokens;   /**< >= 0; default 64 */
     ct_sample_options sample; /**< default: ct_sample_options_default() */
-    uint64_t seed;            /**< seeds the one ct_rng of the run (rows draw in order); default 1 */
+    uint64_t seed;            /**< seeds the one ct_rng of the run; every step draws once per row,
+                                   rows in order (finished rows too, so a row's tokens do not
+                                   depend on when the others end); default 1 */
     int32_t eos_token;        /**< a row stops after producing it (later columns hold it); the
                                    run stops when every row has; -1 (default): never stop */
     bool no_cache;            /**< the baseline: recompute ct_gpt_next_logits over the whole

@@ -4,6 +4,7 @@
     m = models.load("path/to/hf-dir")          # a Hugging Face Llama-family directory, or a
                                                 # ctorch checkpoint (.safetensors)
     logits = m.forward(torch.tensor([[1, 2, 3]]))   # [B, T] -> [B, T, V] float32
+    ids = m.generate(torch.tensor([[1, 2, 3]]), 8)  # [B, T] -> [B, T + 8] int64 (KV cache)
 
     m = models.Model({"vocab_size": 64, "d_model": 32, ...})   # a ctorch config (model.h keys)
     m.set_weights({"tok_embeddings.weight": tensor, ...})      # ctorch tensor names
@@ -190,6 +191,17 @@ class Model:
         return out
 
     __call__ = forward
+
+    eos_token_id = None  # generate() stops a row at this token (None: never)
+
+    def generate(self, input_ids, max_new_tokens, do_sample=False, temperature=1.0, top_k=None,
+                 top_p=None, seed=None, **kw):
+        """input_ids [B, T] continued by up to max_new_tokens tokens with a KV cache: int64
+        [B, T + new] (see ctorch._generate: greedy unless do_sample; temperature -> top-k ->
+        top-p; seed=None is 1; rows ending in eos_token_id are padded with it)."""
+        from . import _generate
+        return _generate.generate(self, input_ids, max_new_tokens, do_sample, temperature, top_k,
+                                  top_p, seed, **kw)
 
     def loss_and_grads(self, tokens):
         """(mean next-token cross-entropy, {name: gradient}) of tokens [B, T + 1]."""

@@ -102,7 +102,8 @@ ct_status ct_gpt_generate(ct_gpt *m, const int32_t *prompt, int64_t batch, int64
     for (int64_t step = 0; !s && step < o.max_new_tokens && live > 0; step++) {
         if ((s = next_logits(&g, n, step ? next : NULL))) break;
         for (int64_t b = 0; b < batch && !s; b++) {
-            if (done[b]) {
+            if (done[b]) { /* its draw is still made: other rows see the same stream */
+                if (o.sample.temperature > 0) (void)ct_rng_uniform(&rng);
                 next[b] = o.eos_token;
                 continue;
             }
