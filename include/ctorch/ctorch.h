@@ -22,6 +22,7 @@
 #include "ctorch/loss.h"
 #include "ctorch/telemetry.h"
 #include "ctorch/attention.h"
+#include "ctorch/jit.h"
 #include "ctorch/io.h"
 #include "ctorch/comm.h"
 #include "ctorch/data.h"

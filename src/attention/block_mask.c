@@ -189,6 +189,7 @@ ct_status ct_block_mask_create_ex(const ct_mask_mod *mask, int64_t B, int64_t H,
     if (o.block_size < 1 || o.block_size > 1024)
         return ct_error(CT_EINVAL, "%s: block_size must be in [1, 1024], got %lld", fn,
                         (long long)o.block_size);
+    if (mask->check) CT_TRY(mask->check(mask->ctx, B, H, q_len, kv_len));
     int64_t bs = o.block_size;
     int64_t nqb = (q_len + bs - 1) / bs, nkb = (kv_len + bs - 1) / bs;
     int64_t Be = mask->uses_b ? B : 1, He = mask->uses_h ? H : 1;

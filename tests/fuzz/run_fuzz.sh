@@ -34,8 +34,13 @@ status=0
 for t in "${TARGETS[@]}"; do
   work="$BUILD/fuzz-corpus/$t"   # new inputs go here; the seed folder stays untouched
   mkdir -p "$work" "$BUILD/fuzz-artifacts"
+  seeds=$SEEDS
+  if [ "$t" = fuzz_jit_expr ]; then  # the expression language: text seeds made by a script
+    seeds="$BUILD/fuzz-seeds/jit_expr"
+    /usr/bin/python3 tests/fuzz/make_corpus_jit.py "$seeds"
+  fi
   echo "== $t: ${SECONDS_PER_TARGET} s"
-  if ! "$BUILD/$t" "$work" "$SEEDS" -max_total_time="$SECONDS_PER_TARGET" -max_len=65536 \
+  if ! "$BUILD/$t" "$work" "$seeds" -max_total_time="$SECONDS_PER_TARGET" -max_len=65536 \
        -timeout=10 -rss_limit_mb=2048 -jobs="$JOBS" -workers="$JOBS" -print_final_stats=1 \
        -artifact_prefix="$BUILD/fuzz-artifacts/$t-" 2>"$BUILD/$t.log"; then
     status=1

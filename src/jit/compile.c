@@ -1,0 +1,781 @@
+/* The compile layer: the system C compiler run as worker processes (at most
+ * CT_COMPILE_THREADS at once, each with a deadline), an on-disk cache of the shared objects
+ * keyed by SHA-256 of (IR, compiler path / size / mtime, flags, ISA, ABI), written atomically
+ * (temp + rename) and checked against a checksum before it is loaded, and an in-process table
+ * so one mod compiles (and loads) once per process. */
+#include "jit/jit_internal.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+/* ---- SHA-256 (FIPS 180-4) --------------------------------------------------------------- */
+
+static const uint32_t K256[64] = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+
+#define ROR(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
+
+static void sha_block(uint32_t h[8], const uint8_t *p)
+{
+    uint32_t w[64];
+    for (int i = 0; i < 16; i++)
+        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 |
+               p[4 * i + 3];
+    for (int i = 16; i < 64; i++) {
+        uint32_t s0 = ROR(w[i - 15], 7) ^ ROR(w[i - 15], 18) ^ (w[i - 15] >> 3);
+        uint32_t s1 = ROR(w[i - 2], 17) ^ ROR(w[i - 2], 19) ^ (w[i - 2] >> 10);
+        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], hh = h[7];
+    for (int i = 0; i < 64; i++) {
+        uint32_t t1 = hh + (ROR(e, 6) ^ ROR(e, 11) ^ ROR(e, 25)) + ((e & f) ^ (~e & g)) + K256[i] + w[i];
+        uint32_t t2 = (ROR(a, 2) ^ ROR(a, 13) ^ ROR(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+        hh = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;
+    }
+    h[0] += a, h[1] += b, h[2] += c, h[3] += d, h[4] += e, h[5] += f, h[6] += g, h[7] += hh;
+}
+
+void jit_sha256(const void *data, size_t len, uint8_t out[32])
+{
+    uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                     0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+    const uint8_t *p = data;
+    size_t n = len;
+    while (n >= 64) {
+        sha_block(h, p);
+        p += 64;
+        n -= 64;
+    }
+    uint8_t tail[128] = {0};
+    memcpy(tail, p, n);
+    tail[n] = 0x80;
+    size_t tl = n + 1 + 8 <= 64 ? 64 : 128;
+    uint64_t bits = (uint64_t)len * 8;
+    for (int i = 0; i < 8; i++)
+        tail[tl - 1 - i] = (uint8_t)(bits >> (8 * i));
+    sha_block(h, tail);
+    if (tl == 128) sha_block(h, tail + 64);
+    for (int i = 0; i < 8; i++)
+        for (int j = 0; j < 4; j++)
+            out[4 * i + j] = (uint8_t)(h[i] >> (24 - 8 * j));
+}
+
+static void hex(const uint8_t d[32], char out[65])
+{
+    for (int i = 0; i < 32; i++)
+        snprintf(out + 2 * i, 3, "%02x", d[i]);
+}
+
+/* ---- state ------------------------------------------------------------------------------ */
+
+#define TABLE_MAX 4096
+#define DIR_MAX (PATH_MAX - 256) /* room for the entry names after it */
+
+typedef struct tentry {
+    char tkey[65];
+    jkernel *k;
+} tentry;
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static tentry g_table[TABLE_MAX];
+static int g_ntable;
+static char g_version[256]; /* first line of the compiler's --version (per process) */
+static char g_version_of[PATH_MAX];
+static atomic_llong st_table, st_cache, st_compiles, st_rebuilt, st_procs;
+
+void ct_jit_get_stats(ct_jit_stats *out)
+{
+    if (!out) return;
+    out->table_hits = atomic_load(&st_table);
+    out->cache_hits = atomic_load(&st_cache);
+    out->compiles = atomic_load(&st_compiles);
+    out->rebuilt = atomic_load(&st_rebuilt);
+    out->processes = atomic_load(&st_procs);
+}
+
+void ct_jit_reset_table(void)
+{
+    pthread_mutex_lock(&g_lock);
+    g_ntable = 0; /* the kernels stay loaded: mods made from them keep working */
+    pthread_mutex_unlock(&g_lock);
+}
+
+ct_jit_options ct_jit_options_default(void)
+{
+    ct_jit_options o;
+    memset(&o, 0, sizeof o);
+    return o;
+}
+
+/* ---- compiler, flags, cache dir ---------------------------------------------------------- */
+
+typedef struct env {
+    char cc[PATH_MAX];  /* resolved path */
+    char ident[PATH_MAX + 64];
+    char dir[DIR_MAX];
+    const char *flags[16];
+    int nflags;
+    char flagstr[256];
+    int threads;
+    double timeout;
+} env;
+
+static ct_status resolve_cc(const char *fn, const char *spec, char *out)
+{
+    if (!spec || !*spec) {
+        const char *e = getenv("CC");
+        spec = e && *e ? e : "cc";
+    }
+    if (strlen(spec) >= PATH_MAX) return ct_error(CT_EINVAL, "%s: compiler name too long", fn);
+    if (strchr(spec, ' '))
+        return ct_error(CT_EINVAL, "%s: CC '%s' must name one program (no arguments)", fn, spec);
+    if (strchr(spec, '/')) {
+        if (!realpath(spec, out) || access(out, X_OK) != 0)
+            return ct_error(CT_EUNSUPPORTED, "%s: no C compiler: CC '%s' is not an executable file",
+                            fn, spec);
+        return CT_OK;
+    }
+    const char *path = getenv("PATH");
+    if (!path) path = "/usr/bin:/bin";
+    const char *p = path;
+    while (*p) {
+        const char *e = strchr(p, ':');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        char cand[PATH_MAX];
+        if (n > 0 && n + strlen(spec) + 2 < sizeof cand) {
+            memcpy(cand, p, n);
+            cand[n] = '/';
+            strcpy(cand + n + 1, spec);
+            struct stat st;
+            if (stat(cand, &st) == 0 && S_ISREG(st.st_mode) && access(cand, X_OK) == 0 &&
+                realpath(cand, out))
+                return CT_OK;
+        }
+        if (!e) break;
+        p = e + 1;
+    }
+    return ct_error(CT_EUNSUPPORTED,
+                    "%s: no C compiler: '%s' is not on PATH (set CC, or install a C compiler such "
+                    "as gcc)",
+                    fn, spec);
+}
+
+static ct_status mkdirs(const char *fn, const char *dir)
+{
+    char tmp[PATH_MAX];
+    size_t n = strlen(dir);
+    if (n >= sizeof tmp) return ct_error(CT_EINVAL, "%s: cache dir path too long", fn);
+    memcpy(tmp, dir, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (tmp[i] != '/' && tmp[i] != '\0') continue;
+        char c = tmp[i];
+        tmp[i] = '\0';
+        if (mkdir(tmp, 0700) != 0 && errno != EEXIST)
+            return ct_error(CT_EIO, "%s: cannot create cache dir %s: %s", fn, tmp, strerror(errno));
+        tmp[i] = c;
+    }
+    return CT_OK;
+}
+
+static ct_status cache_dir(const char *fn, const char *spec, char out[DIR_MAX])
+{
+    int n;
+    if (spec && *spec) n = snprintf(out, DIR_MAX, "%s", spec);
+    else if (getenv("CT_CACHE_DIR") && *getenv("CT_CACHE_DIR"))
+        n = snprintf(out, DIR_MAX, "%s", getenv("CT_CACHE_DIR"));
+    else if (getenv("XDG_CACHE_HOME") && *getenv("XDG_CACHE_HOME"))
+        n = snprintf(out, DIR_MAX, "%s/ctorch", getenv("XDG_CACHE_HOME"));
+    else if (getenv("HOME") && *getenv("HOME"))
+        n = snprintf(out, DIR_MAX, "%s/.cache/ctorch", getenv("HOME"));
+    else
+        return ct_error(CT_EIO, "%s: no cache dir: set CT_CACHE_DIR (HOME is not set)", fn);
+    if (n < 0 || n >= DIR_MAX) return ct_error(CT_EINVAL, "%s: cache dir path too long", fn);
+    CT_TRY(mkdirs(fn, out));
+    struct stat st;
+    if (stat(out, &st) != 0)
+        return ct_error(CT_EIO, "%s: cache dir %s: %s", fn, out, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) return ct_error(CT_EIO, "%s: cache dir %s is not a directory", fn, out);
+    if (st.st_uid != geteuid())
+        return ct_error(CT_EINVAL, "%s: cache dir %s belongs to another user (uid %u): refused", fn,
+                        out, (unsigned)st.st_uid);
+    if (st.st_mode & (S_IWGRP | S_IWOTH))
+        return ct_error(CT_EINVAL,
+                        "%s: cache dir %s is writable by other users (mode %03o): refused (chmod "
+                        "go-w it, or set CT_CACHE_DIR)",
+                        fn, out, (unsigned)(st.st_mode & 0777));
+    return CT_OK;
+}
+
+static ct_status make_env(const char *fn, const ct_jit_options *o, env *e)
+{
+    memset(e, 0, sizeof *e);
+    CT_TRY(resolve_cc(fn, o->cc, e->cc));
+    struct stat st;
+    if (stat(e->cc, &st) != 0)
+        return ct_error(CT_EUNSUPPORTED, "%s: no C compiler: %s: %s", fn, e->cc, strerror(errno));
+    snprintf(e->ident, sizeof e->ident, "%s size %lld mtime %lld.%09ld", e->cc,
+             (long long)st.st_size, (long long)st.st_mtim.tv_sec, (long)st.st_mtim.tv_nsec);
+    static const char *base[] = {"-std=c11", "-O3", "-fPIC", "-shared", "-fwrapv",
+                                 "-fno-math-errno", "-ffp-contract=off", "-Wall", "-Werror"};
+    for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
+        e->flags[e->nflags++] = base[i];
+#if defined(__x86_64__)
+    if (ct_active_isa() == CT_ISA_AVX2) {
+        e->flags[e->nflags++] = "-mavx2";
+        e->flags[e->nflags++] = "-mfma";
+    }
+#endif
+    size_t off = 0;
+    for (int i = 0; i < e->nflags; i++)
+        off += (size_t)snprintf(e->flagstr + off, sizeof e->flagstr - off, "%s ", e->flags[i]);
+    snprintf(e->flagstr + off, sizeof e->flagstr - off, "isa=%s", ct_isa_name(ct_active_isa()));
+    e->threads = o->threads;
+    if (e->threads <= 0) {
+        const char *t = getenv("CT_COMPILE_THREADS");
+        e->threads = t && *t ? atoi(t) : 0;
+        if (e->threads <= 0) e->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    }
+    if (e->threads < 1) e->threads = 1;
+    if (e->threads > 64) e->threads = 64;
+    e->timeout = o->timeout_s;
+    if (!(e->timeout > 0)) {
+        const char *t = getenv("CT_COMPILE_TIMEOUT");
+        e->timeout = t && *t ? strtod(t, NULL) : 0;
+        if (!(e->timeout > 0)) e->timeout = 60;
+    }
+    return cache_dir(fn, o->cache_dir, e->dir);
+}
+
+/* ---- loading ----------------------------------------------------------------------------- */
+
+static ct_status read_fd(int fd, uint8_t **buf, size_t *len, size_t max)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size < 0 || (size_t)st.st_size > max) return CT_EIO;
+    size_t n = (size_t)st.st_size;
+    uint8_t *b;
+    CT_TRY(ct_alloc((void **)&b, n ? n : 1));
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, b + got, n - got, (off_t)got);
+        if (r <= 0) {
+            ct_free(b);
+            return CT_EIO;
+        }
+        got += (size_t)r;
+    }
+    *buf = b;
+    *len = n;
+    return CT_OK;
+}
+
+#define SO_MAX ((size_t)64 << 20)
+
+/* dlopen the object at path (a private file of this process: a unique name, so the dynamic
+ * loader never confuses it with another mod) and resolve the symbols the IR needs. */
+static ct_status load_path(const char *fn, const char *path, const jir *ir, jkernel *k)
+{
+    void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!dl) return ct_error(CT_EIO, "%s: cannot load the compiled mod: %s", fn, dlerror());
+    int (*abi)(void) = (int (*)(void))dlsym(dl, "ctj_abi");
+    if (!abi || abi() != JIT_ABI) {
+        dlclose(dl);
+        return ct_error(CT_EFORMAT, "%s: compiled mod has the wrong ABI", fn);
+    }
+    k->dl = dl;
+    if (ir->is_mask) {
+        *(void **)&k->mask_tile = dlsym(dl, "ctj_mask_tile");
+        if (!k->mask_tile) goto missing;
+    } else {
+        *(void **)&k->score_fwd = dlsym(dl, "ctj_score_fwd");
+        *(void **)&k->score_grad = dlsym(dl, "ctj_score_grad");
+        if (!k->score_fwd || !k->score_grad) goto missing;
+    }
+    return CT_OK;
+missing:
+    dlclose(dl);
+    k->dl = NULL;
+    return ct_error(CT_EFORMAT, "%s: compiled mod lacks its entry points", fn);
+}
+
+static ct_status write_file(const char *path, const void *data, size_t n);
+static atomic_uint g_seq;
+
+/* Try the cache entry: CT_OK loaded; CT_EFORMAT damaged (checksum or size mismatch);
+ * CT_EIO absent. */
+static ct_status try_cache(const char *fn, const env *e, const char *key, const jir *ir, jkernel *k)
+{
+    char so[PATH_MAX], sum[PATH_MAX];
+    snprintf(so, sizeof so, "%s/%s.so", e->dir, key);
+    snprintf(sum, sizeof sum, "%s/%s.sum", e->dir, key);
+    int sfd = open(sum, O_RDONLY | O_CLOEXEC);
+    int ofd = open(so, O_RDONLY | O_CLOEXEC);
+    if (sfd < 0 || ofd < 0) {
+        if (sfd >= 0) close(sfd);
+        if (ofd >= 0) close(ofd);
+        return (sfd < 0 && ofd < 0) ? CT_EIO : CT_EFORMAT;
+    }
+    uint8_t *sb = NULL, *ob = NULL;
+    size_t sl = 0, ol = 0;
+    ct_status s = read_fd(sfd, &sb, &sl, 4096);
+    if (s == CT_OK) s = read_fd(ofd, &ob, &ol, SO_MAX);
+    close(sfd);
+    if (s == CT_OK) {
+        uint8_t d[32];
+        char hx[65], want[128];
+        jit_sha256(ob, ol, d);
+        hex(d, hx);
+        snprintf(want, sizeof want, "sha256 %s\nsize %zu\n", hx, ol);
+        size_t wl = strlen(want);
+        s = (sl >= wl && memcmp(sb, want, wl) == 0) ? CT_OK : CT_EFORMAT;
+    } else {
+        s = CT_EFORMAT;
+    }
+    ct_free(sb);
+    close(ofd);
+    if (s == CT_OK) {
+        /* load the verified bytes from a private copy: what is loaded is what was checked,
+         * whatever another process renames meanwhile */
+        char priv[PATH_MAX];
+        snprintf(priv, sizeof priv, "%s/tmp-load-%ld-%u.so", e->dir, (long)getpid(),
+                 atomic_fetch_add(&g_seq, 1));
+        s = write_file(priv, ob, ol);
+        if (s == CT_OK) {
+            s = load_path(fn, priv, ir, k);
+            if (s != CT_OK) s = CT_EFORMAT;
+        } else {
+            s = ct_error(CT_EIO, "%s: cannot write %s", fn, priv);
+        }
+        unlink(priv);
+    }
+    ct_free(ob);
+    return s;
+}
+
+/* ---- processes -------------------------------------------------------------------------- */
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static ct_status spawn(const char *fn, const env *e, char *const argv[], const char *out_path,
+                       pid_t *pid)
+{
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    int r = posix_spawn(pid, e->cc, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (r != 0)
+        return ct_error(CT_EUNSUPPORTED, "%s: no C compiler: cannot run %s: %s", fn, e->cc, strerror(r));
+    atomic_fetch_add(&st_procs, 1);
+    return CT_OK;
+}
+
+static void slurp(const char *path, char *buf, size_t cap)
+{
+    buf[0] = '\0';
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    ssize_t n = read(fd, buf, cap - 1);
+    close(fd);
+    buf[n > 0 ? n : 0] = '\0';
+}
+
+/* The compiler's --version, first line, once per process and compiler (only on a miss). */
+static void compiler_version(const char *fn, const env *e)
+{
+    if (!strcmp(g_version_of, e->cc)) return;
+    char out[PATH_MAX];
+    snprintf(out, sizeof out, "%s/tmp-version-%ld.txt", e->dir, (long)getpid());
+    char *argv[] = {(char *)e->cc, "--version", NULL};
+    pid_t pid;
+    g_version[0] = '\0';
+    if (spawn(fn, e, argv, out, &pid) == CT_OK) {
+        double t0 = now_s();
+        int stt;
+        for (;;) {
+            pid_t w = waitpid(pid, &stt, WNOHANG);
+            if (w == pid || (w < 0 && errno != EINTR)) break;
+            if (now_s() - t0 > e->timeout) {
+                kill(pid, SIGKILL);
+                waitpid(pid, &stt, 0);
+                break;
+            }
+            nanosleep(&(struct timespec){0, 1000000}, NULL);
+        }
+        slurp(out, g_version, sizeof g_version);
+        char *nl = strchr(g_version, '\n');
+        if (nl) *nl = '\0';
+    }
+    unlink(out);
+    snprintf(g_version_of, sizeof g_version_of, "%s", e->cc);
+}
+
+typedef struct job {
+    int ir;            /* index into the batch */
+    char key[65];
+    char base[PATH_MAX]; /* temp path prefix */
+    char *src;
+    pid_t pid;
+    double t0;
+    bool running, done;
+    ct_status st;
+} job;
+
+static ct_status write_file(const char *path, const void *data, size_t n)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return CT_EIO;
+    const char *p = data;
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w <= 0) {
+            close(fd);
+            return CT_EIO;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return close(fd) == 0 ? CT_OK : CT_EIO;
+}
+
+/* Report a compile error with the generated source around the line it names. */
+static ct_status compile_error(const char *fn, const job *j, int status)
+{
+    char err[2048], path[PATH_MAX + 8];
+    snprintf(path, sizeof path, "%s.err", j->base);
+    slurp(path, err, sizeof err);
+    int line = 0;
+    const char *m = strstr(err, ".c:");
+    if (m) line = atoi(m + 3);
+    const char *el = strstr(err, "error");
+    if (el) {
+        while (el > err && el[-1] != '\n')
+            el--;
+        const char *m2 = strstr(el, ".c:");
+        if (m2) line = atoi(m2 + 3);
+    } else {
+        el = err;
+    }
+    const char *nl = strchr(el, '\n');
+    char first[256];
+    snprintf(first, sizeof first, "%.*s", nl ? (int)(nl - el) : (int)strlen(el), el);
+    char ctxt[600] = "";
+    size_t off = 0;
+    if (line > 0 && j->src) {
+        const char *p = j->src;
+        for (int ln = 1; *p && ln <= line + 1; ln++) {
+            const char *e = strchr(p, '\n');
+            int len = e ? (int)(e - p) : (int)strlen(p);
+            if (ln >= line - 1 && off < sizeof ctxt)
+                off += (size_t)snprintf(ctxt + off, sizeof ctxt - off, "%c%5d | %.*s\n",
+                                        ln == line ? '>' : ' ', ln, len > 100 ? 100 : len, p);
+            if (!e) break;
+            p = e + 1;
+        }
+    }
+    return ct_error(CT_EINTERNAL,
+                    "%s: the C compiler failed (status %d) on the generated source (a bug: please "
+                    "report): %s\n%s",
+                    fn, status, first, ctxt);
+}
+
+static void cleanup(const job *j)
+{
+    static const char *ext[] = {".c", ".so", ".err", ".sum"};
+    char p[PATH_MAX + 8];
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s%s", j->base, ext[i]);
+        unlink(p);
+    }
+}
+
+/* Finish a job whose compiler exited 0: checksum, load from our own file, publish. */
+static ct_status publish(const char *fn, const env *e, job *j, const jir *ir, jkernel *k)
+{
+    char so[PATH_MAX + 8], sum[PATH_MAX + 8], dso[PATH_MAX], dsum[PATH_MAX];
+    snprintf(so, sizeof so, "%s.so", j->base);
+    snprintf(sum, sizeof sum, "%s.sum", j->base);
+    snprintf(dso, sizeof dso, "%s/%s.so", e->dir, j->key);
+    snprintf(dsum, sizeof dsum, "%s/%s.sum", e->dir, j->key);
+    int fd = open(so, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ct_error(CT_EIO, "%s: the compiler wrote no output %s", fn, so);
+    uint8_t *b;
+    size_t n;
+    ct_status s = read_fd(fd, &b, &n, SO_MAX);
+    if (s != CT_OK) {
+        close(fd);
+        return ct_error(CT_EIO, "%s: cannot read %s", fn, so);
+    }
+    uint8_t d[32];
+    char hx[65], text[768];
+    jit_sha256(b, n, d);
+    ct_free(b);
+    hex(d, hx);
+    int tl = snprintf(text, sizeof text, "sha256 %s\nsize %zu\nkey %s\ncompiler %s\nversion %s\n",
+                      hx, n, j->key, e->ident, g_version);
+    close(fd);
+    s = load_path(fn, so, ir, k); /* our own file, before it is published */
+    if (s != CT_OK) return s;
+    /* publish: the .so first, then its checksum; a reader seeing a new .so with an old (or no)
+     * checksum treats it as damaged and rebuilds, never loads it */
+    if (write_file(sum, text, (size_t)(tl < (int)sizeof text ? tl : (int)sizeof text - 1)) != CT_OK ||
+        rename(so, dso) != 0 || rename(sum, dsum) != 0)
+        return ct_error(CT_EIO, "%s: cannot write the cache entry %s: %s", fn, dso, strerror(errno));
+    return CT_OK;
+}
+
+/* Compile the jobs, at most e->threads at once. */
+static ct_status run_jobs(const char *fn, const env *e, job *jobs, int nj, jir **irs,
+                          jkernel **ks)
+{
+    for (int i = 0; i < nj; i++) {
+        job *j = &jobs[i];
+        snprintf(j->base, sizeof j->base, "%s/tmp-%.16s-%ld-%u", e->dir, j->key, (long)getpid(),
+                 atomic_fetch_add(&g_seq, 1));
+        char path[PATH_MAX + 8];
+        snprintf(path, sizeof path, "%s.c", j->base);
+        if (write_file(path, j->src, strlen(j->src)) != CT_OK) {
+            for (int k = 0; k <= i; k++)
+                cleanup(&jobs[k]);
+            return ct_error(CT_EIO, "%s: cannot write %s: %s", fn, path, strerror(errno));
+        }
+    }
+    compiler_version(fn, e);
+    int next = 0, running = 0, done = 0;
+    ct_status first = CT_OK;
+    while (done < nj) {
+        while (running < e->threads && next < nj && first == CT_OK) {
+            job *j = &jobs[next++];
+            char c[PATH_MAX + 8], so[PATH_MAX + 8], err[PATH_MAX + 8];
+            snprintf(c, sizeof c, "%s.c", j->base);
+            snprintf(so, sizeof so, "%s.so", j->base);
+            snprintf(err, sizeof err, "%s.err", j->base);
+            char *argv[24];
+            int a = 0;
+            argv[a++] = (char *)e->cc;
+            for (int f = 0; f < e->nflags; f++)
+                argv[a++] = (char *)e->flags[f];
+            argv[a++] = "-o";
+            argv[a++] = so;
+            argv[a++] = c;
+            argv[a++] = "-lm";
+            argv[a] = NULL;
+            j->st = spawn(fn, e, argv, err, &j->pid);
+            if (j->st != CT_OK) {
+                first = j->st;
+                j->done = true;
+                done++;
+                continue;
+            }
+            atomic_fetch_add(&st_compiles, 1);
+            j->t0 = now_s();
+            j->running = true;
+            running++;
+        }
+        if (first != CT_OK && running == 0) break;
+        bool progressed = false;
+        for (int i = 0; i < nj; i++) {
+            job *j = &jobs[i];
+            if (!j->running) continue;
+            int stt;
+            pid_t w = waitpid(j->pid, &stt, WNOHANG);
+            if (w == 0) {
+                if (now_s() - j->t0 > e->timeout) {
+                    kill(j->pid, SIGKILL);
+                    waitpid(j->pid, &stt, 0);
+                    j->st = ct_error(CT_ETIMEDOUT,
+                                     "%s: compiling a mod took longer than %g s (CT_COMPILE_TIMEOUT)",
+                                     fn, e->timeout);
+                    goto finished;
+                }
+                continue;
+            }
+            if (w < 0 && errno == EINTR) continue;
+            if (w < 0) j->st = ct_error(CT_EINTERNAL, "%s: waitpid: %s", fn, strerror(errno));
+            else if (!WIFEXITED(stt) || WEXITSTATUS(stt) != 0)
+                j->st = compile_error(fn, j, WIFEXITED(stt) ? WEXITSTATUS(stt) : -WTERMSIG(stt));
+            else j->st = publish(fn, e, j, irs[j->ir], ks[j->ir]);
+        finished:
+            j->running = false;
+            j->done = true;
+            running--;
+            done++;
+            progressed = true;
+            if (j->st != CT_OK && first == CT_OK) first = j->st;
+        }
+        if (!progressed && running > 0) nanosleep(&(struct timespec){0, 1000000}, NULL);
+        if (first != CT_OK && next < nj) { /* do not start more after a failure */
+            done += nj - next;
+            next = nj;
+        }
+    }
+    for (int i = 0; i < nj; i++)
+        cleanup(&jobs[i]);
+    return first;
+}
+
+/* ---- the entry point -------------------------------------------------------------------- */
+
+static jkernel *table_find(const char *tkey)
+{
+    for (int i = 0; i < g_ntable; i++)
+        if (!strcmp(g_table[i].tkey, tkey)) return g_table[i].k;
+    return NULL;
+}
+
+ct_status jit_build(jir **irs, int n, const ct_jit_options *opt, jkernel **out)
+{
+    const char *fn = "ct_mod_compile";
+    ct_jit_options o = opt ? *opt : ct_jit_options_default();
+    char (*tkeys)[65] = NULL;
+    jkernel **fresh = NULL;
+    job *jobs = NULL;
+    env *e = NULL;
+    ct_status s = ct_calloc((void **)&tkeys, (size_t)n * 65);
+    if (s == CT_OK) s = ct_calloc((void **)&fresh, (size_t)n * sizeof *fresh);
+    if (s == CT_OK) s = ct_calloc((void **)&jobs, (size_t)n * sizeof *jobs);
+    if (s != CT_OK) goto out_free;
+    for (int i = 0; i < n; i++) {
+        out[i] = NULL;
+        char *text;
+        size_t len;
+        if ((s = jir_serialize(irs[i], &text, &len)) != CT_OK) goto out_free;
+        uint8_t d[32];
+        /* the table key: the IR and the compiler asked for */
+        const char *cc = o.cc ? o.cc : getenv("CC") ? getenv("CC") : "cc";
+        size_t cl = strlen(cc);
+        char *t2;
+        if ((s = ct_alloc((void **)&t2, len + cl + 2)) != CT_OK) {
+            ct_free(text);
+            goto out_free;
+        }
+        memcpy(t2, text, len);
+        t2[len] = '\n';
+        memcpy(t2 + len + 1, cc, cl + 1);
+        jit_sha256(t2, len + cl + 1, d);
+        hex(d, tkeys[i]);
+        ct_free(t2);
+        ct_free(text);
+    }
+    pthread_mutex_lock(&g_lock);
+    int nmiss = 0;
+    for (int i = 0; i < n; i++) {
+        out[i] = table_find(tkeys[i]);
+        for (int j = 0; !out[i] && j < i; j++) /* the same mod twice in one batch */
+            if (!strcmp(tkeys[j], tkeys[i])) out[i] = out[j] ? out[j] : fresh[j];
+        if (out[i]) {
+            atomic_fetch_add(&st_table, 1);
+            continue;
+        }
+        nmiss++;
+    }
+    if (nmiss && g_ntable + nmiss > TABLE_MAX) {
+        s = ct_error(CT_ENOMEM, "%s: more than %d distinct mods in one process", fn, TABLE_MAX);
+        goto out_unlock;
+    }
+    if (nmiss) {
+        if ((s = ct_calloc((void **)&e, sizeof *e)) != CT_OK) goto out_unlock;
+        if ((s = make_env(fn, &o, e)) != CT_OK) goto out_unlock;
+    }
+    int nj = 0;
+    for (int i = 0; i < n; i++) {
+        if (out[i]) continue;
+        bool dup = false;
+        for (int j = 0; j < i; j++)
+            if (!strcmp(tkeys[j], tkeys[i])) dup = true;
+        if (dup) continue;
+        if ((s = ct_calloc((void **)&fresh[i], sizeof(jkernel))) != CT_OK) goto out_unlock;
+        /* the disk key */
+        char *text;
+        size_t len;
+        if ((s = jir_serialize(irs[i], &text, &len)) != CT_OK) goto out_unlock;
+        size_t extra = strlen(e->ident) + strlen(e->flagstr) + 64;
+        char *t2;
+        if ((s = ct_alloc((void **)&t2, len + extra)) != CT_OK) {
+            ct_free(text);
+            goto out_unlock;
+        }
+        memcpy(t2, text, len);
+        int m = snprintf(t2 + len, extra, "\n%s\n%s\nabi %d ctorch %s\n", e->ident, e->flagstr,
+                         JIT_ABI, ct_version());
+        uint8_t d[32];
+        jit_sha256(t2, len + (size_t)m, d);
+        ct_free(t2);
+        ct_free(text);
+        hex(d, fresh[i]->key);
+        ct_status c = try_cache(fn, e, fresh[i]->key, irs[i], fresh[i]);
+        if (c == CT_OK) {
+            atomic_fetch_add(&st_cache, 1);
+            continue;
+        }
+        if (c == CT_EFORMAT) atomic_fetch_add(&st_rebuilt, 1);
+        job *j = &jobs[nj++];
+        j->ir = i;
+        memcpy(j->key, fresh[i]->key, 65);
+        if ((s = jit_codegen(irs[i], &j->src)) != CT_OK) goto out_unlock;
+    }
+    if (nj) s = run_jobs(fn, e, jobs, nj, irs, fresh);
+    if (s == CT_OK) {
+        for (int i = 0; i < n; i++) {
+            if (!fresh[i]) continue;
+            fresh[i]->ir = irs[i];
+            irs[i] = NULL;
+            memcpy(g_table[g_ntable].tkey, tkeys[i], 65);
+            g_table[g_ntable++].k = fresh[i];
+            out[i] = fresh[i];
+            fresh[i] = NULL;
+        }
+        for (int i = 0; i < n; i++)
+            if (!out[i])
+                for (int j = 0; j < i; j++)
+                    if (!strcmp(tkeys[j], tkeys[i])) out[i] = out[j];
+    }
+out_unlock:
+    pthread_mutex_unlock(&g_lock);
+out_free:
+    for (int i = 0; jobs && i < n; i++)
+        ct_free(jobs[i].src);
+    for (int i = 0; fresh && i < n; i++)
+        if (fresh[i]) {
+            if (fresh[i]->dl) dlclose(fresh[i]->dl);
+            ct_free(fresh[i]);
+        }
+    if (s != CT_OK && out)
+        for (int i = 0; i < n; i++)
+            out[i] = NULL;
+    ct_free(jobs);
+    ct_free(fresh);
+    ct_free(tkeys);
+    ct_free(e);
+    return s;
+}
