@@ -72,10 +72,6 @@ typedef struct ct_mask_mod {
     void (*destroy)(void *ctx); /**< called by ct_mask_mod_free; NULL when ctx is not owned */
     bool uses_b;                /**< false: the mask is the same for every batch (broadcast) */
     bool uses_h;                /**< false: the mask is the same for every head (broadcast) */
-    /** Optional: validate the mod for a grid of B x H x q_len x kv_len before it is used
-     *  (compiled mods range-check their array indices here); NULL: nothing to check.
-     *  ct_block_mask_create calls it and fails with its status. */
-    ct_status (*check)(void *ctx, int64_t B, int64_t H, int64_t q_len, int64_t kv_len);
 } ct_mask_mod;
 
 /** Edit a tile of scores in place: s = score_mod(s, b, h, q, kv). */
@@ -96,9 +92,6 @@ typedef struct ct_score_mod {
     void (*destroy)(void *ctx); /**< called by ct_score_mod_free; NULL when ctx is not owned */
     float *param_grad;          /**< [param_len] gradients are ADDED here; NULL: not wanted */
     int64_t param_len;
-    /** Optional, as ct_mask_mod.check: the flex calls run it (B, Hq, L, S) and fail with
-     *  its status. NULL: nothing to check. */
-    ct_status (*check)(void *ctx, int64_t B, int64_t H, int64_t q_len, int64_t kv_len);
 } ct_score_mod;
 
 /* ---- built-in mask mods (ctx owned: release with ct_mask_mod_free) ------------------------ */

@@ -30,7 +30,7 @@
  * A score mod's value is converted to f32; a mask mod's to bool (nonzero = attend).
  *
  * Every index into a bound array is range-checked: before attention or a block mask uses a
- * compiled mod, the mod's check callback bounds each index by interval arithmetic over
+ * compiled mod, ct_jit_check_mask / ct_jit_check_score bound each index by interval arithmetic over
  * b < B, h < H, q < Q_LEN, kv < KV_LEN (and the values of arrays used as indices) and fails
  * with CT_EINVAL naming the array and the reachable range when it can leave the array. The
  * kernels also clamp indices, so memory is never read out of bounds.
@@ -92,6 +92,14 @@ CT_API ct_status ct_score_mod_compile(const char *expr, const ct_jit_binding *bi
  *  it, PARTIAL otherwise, so block masks cost O(blocks). */
 CT_API ct_status ct_mask_mod_compile(const char *expr, const ct_jit_binding *bindings, int n,
                                      const ct_jit_options *opt, ct_mask_mod *out);
+
+/** Range-check a compiled mod's array indices for a grid of B x H x q_len x kv_len (what
+ *  ct_block_mask_create and the flex calls do first): CT_EINVAL naming the array, the dim and
+ *  the reachable range when an index can leave its array. CT_OK for mods not compiled here. */
+CT_API ct_status ct_jit_check_mask(const ct_mask_mod *m, int64_t B, int64_t H, int64_t q_len,
+                                   int64_t kv_len);
+CT_API ct_status ct_jit_check_score(const ct_score_mod *m, int64_t B, int64_t H, int64_t q_len,
+                                    int64_t kv_len);
 
 /** One mod of a batch for ct_mod_compile_many: exactly one of score_out / mask_out set. */
 typedef struct ct_jit_request {

@@ -3,6 +3,7 @@
  * block_size^2 byte tile per thread, never the L x S mask). The kinds (one byte per block)
  * become four CSR lists: partial and full key blocks per query block, and their transposes. */
 #include "core/internal.h"
+#include "attention/attn.h"
 #include "ctorch/attention.h"
 
 #include <string.h>
@@ -189,7 +190,7 @@ ct_status ct_block_mask_create_ex(const ct_mask_mod *mask, int64_t B, int64_t H,
     if (o.block_size < 1 || o.block_size > 1024)
         return ct_error(CT_EINVAL, "%s: block_size must be in [1, 1024], got %lld", fn,
                         (long long)o.block_size);
-    if (mask->check) CT_TRY(mask->check(mask->ctx, B, H, q_len, kv_len));
+    CT_TRY(at_mask_check(mask, B, H, q_len, kv_len)); /* compiled mods: index ranges */
     int64_t bs = o.block_size;
     int64_t nqb = (q_len + bs - 1) / bs, nkb = (kv_len + bs - 1) / bs;
     int64_t Be = mask->uses_b ? B : 1, He = mask->uses_h ? H : 1;

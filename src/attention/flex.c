@@ -535,7 +535,7 @@ static ct_status plan_init(plan *p, const char *fn, const ct_tensor *q, const ct
         return ct_error(CT_EINVAL, "%s: score_mod->fwd must not be NULL", fn);
     p->sm = o->score_mod;
     p->mod_grad = p->sm && p->sm->grad;
-    if (p->sm && p->sm->check) CT_TRY(p->sm->check(p->sm->ctx, p->B, p->Hq, p->L, p->S));
+    if (p->sm) CT_TRY(at_score_check(p->sm, p->B, p->Hq, p->L, p->S)); /* compiled mods */
     if (bm) {
         if (bm->q_len != p->L || bm->kv_len != p->S)
             return ct_error(CT_EINVAL,

@@ -2,6 +2,7 @@
  * the query axis when it is contiguous, which is how the attention kernels ask) and
  * classifies blocks from its structure in O(1). */
 #include "core/internal.h"
+#include "attention/attn.h"
 #include "attention/attn_kernels.h"
 #include "ctorch/attention.h"
 
@@ -93,7 +94,7 @@ static ct_status make_band(int64_t lo, int64_t hi, int64_t prefix, ct_mask_mod *
     c->lo = lo;
     c->hi = hi;
     c->prefix = prefix;
-    *out = (ct_mask_mod){band_tile, band_block, c, free_ctx, false, false, NULL};
+    *out = (ct_mask_mod){band_tile, band_block, c, free_ctx, false, false};
     return CT_OK;
 }
 
@@ -135,7 +136,7 @@ static ct_block_kind noop_block(void *ctx, int64_t b, int64_t h, int64_t q0, int
 ct_status ct_mask_mod_noop(ct_mask_mod *out)
 {
     if (!out) return ct_error(CT_EINVAL, "ct_mask_mod_noop: out must not be NULL");
-    *out = (ct_mask_mod){noop_tile, noop_block, NULL, NULL, false, false, NULL};
+    *out = (ct_mask_mod){noop_tile, noop_block, NULL, NULL, false, false};
     return CT_OK;
 }
 
@@ -218,7 +219,7 @@ ct_status ct_mask_mod_document(const int32_t *q_doc, const int32_t *kv_doc, int6
     for (int64_t r = 0; r < batch; r++)
         c->sorted = c->sorted && nondecreasing(c->q + r * q_len, q_len) &&
                     nondecreasing(c->kv + r * kv_len, kv_len);
-    *out = (ct_mask_mod){doc_tile, doc_block, c, free_ctx, batch > 1, false, NULL};
+    *out = (ct_mask_mod){doc_tile, doc_block, c, free_ctx, batch > 1, false};
     return CT_OK;
 }
 
@@ -299,14 +300,6 @@ static ct_block_kind comb_block(void *ctx, int64_t b, int64_t h, int64_t q0, int
     return nunknown ? CT_BLOCK_UNKNOWN : CT_BLOCK_PARTIAL;
 }
 
-static ct_status comb_check(void *ctx, int64_t B, int64_t H, int64_t q_len, int64_t kv_len)
-{
-    const comb *c = ctx;
-    for (int k = 0; k < c->n; k++)
-        if (c->kids[k].check) CT_TRY(c->kids[k].check(c->kids[k].ctx, B, H, q_len, kv_len));
-    return CT_OK;
-}
-
 static ct_status make_comb(int op, const ct_mask_mod *mods, int n, ct_mask_mod *out, const char *fn)
 {
     if (!out) return ct_error(CT_EINVAL, "%s: out must not be NULL", fn);
@@ -324,7 +317,7 @@ static ct_status make_comb(int op, const ct_mask_mod *mods, int n, ct_mask_mod *
         ub = ub || mods[k].uses_b;
         uh = uh || mods[k].uses_h;
     }
-    *out = (ct_mask_mod){comb_tile, comb_block, c, free_ctx, ub, uh, comb_check};
+    *out = (ct_mask_mod){comb_tile, comb_block, c, free_ctx, ub, uh};
     return CT_OK;
 }
 
@@ -341,6 +334,22 @@ ct_status ct_mask_mod_or(const ct_mask_mod *mods, int n, ct_mask_mod *out)
 ct_status ct_mask_mod_not(const ct_mask_mod *m, ct_mask_mod *out)
 {
     return make_comb(COMB_NOT, m, m ? 1 : 0, out, "ct_mask_mod_not");
+}
+
+ct_status at_mask_check(const ct_mask_mod *m, int64_t B, int64_t H, int64_t L, int64_t S)
+{
+    if (m->tile == comb_tile) {
+        const comb *c = m->ctx;
+        for (int k = 0; k < c->n; k++)
+            CT_TRY(at_mask_check(&c->kids[k], B, H, L, S));
+        return CT_OK;
+    }
+    return jit_mask_check(m, B, H, L, S);
+}
+
+ct_status at_score_check(const ct_score_mod *m, int64_t B, int64_t H, int64_t L, int64_t S)
+{
+    return jit_score_check(m, B, H, L, S);
 }
 
 void ct_mask_mod_free(ct_mask_mod *m)
@@ -395,7 +404,7 @@ ct_status ct_score_mod_softcap(float cap, ct_score_mod *out)
     softcap *c;
     CT_TRY(new_ctx((void **)&c, sizeof *c, fn));
     c->cap = cap;
-    *out = (ct_score_mod){softcap_fwd, softcap_grad, c, free_ctx, NULL, 0, NULL};
+    *out = (ct_score_mod){softcap_fwd, softcap_grad, c, free_ctx, NULL, 0};
     return CT_OK;
 }
 
@@ -429,7 +438,7 @@ ct_status ct_score_mod_alibi(int64_t num_heads, const float *slopes, ct_score_mo
     c->heads = num_heads;
     for (int64_t h = 0; h < num_heads; h++)
         c->slope[h] = slopes ? slopes[h] : (float)exp2(-8.0 * (double)(h + 1) / (double)num_heads);
-    *out = (ct_score_mod){alibi_fwd, NULL, c, free_ctx, NULL, 0, NULL};
+    *out = (ct_score_mod){alibi_fwd, NULL, c, free_ctx, NULL, 0};
     return CT_OK;
 }
 
@@ -483,7 +492,7 @@ ct_status ct_score_mod_relative_bias(const float *table, int64_t num_heads, int6
     CT_TRY(new_ctx((void **)&c, sizeof *c, fn));
     *c = (relbias){table, num_heads, table_len, offset};
     int64_t n = (num_heads ? num_heads : 1) * table_len;
-    *out = (ct_score_mod){relbias_fwd, relbias_grad, c, free_ctx, dtable, dtable ? n : 0, NULL};
+    *out = (ct_score_mod){relbias_fwd, relbias_grad, c, free_ctx, dtable, dtable ? n : 0};
     return CT_OK;
 }
 

@@ -127,11 +127,11 @@ static ct_status setup(sdpa_setup *u, const char *fn, const ct_tensor *q, const 
             return ct_error(CT_EINVAL, "%s: attn_mask.data must not be NULL", fn);
         u->tm = (tmask){m->data, m->dtype, st[0], st[1], st[2], st[3]};
         if (!is_bool) {
-            u->sm = (ct_score_mod){tadd_fwd, NULL, &u->tm, NULL, NULL, 0, NULL};
+            u->sm = (ct_score_mod){tadd_fwd, NULL, &u->tm, NULL, NULL, 0};
             u->fo.score_mod = &u->sm;
             return CT_OK;
         }
-        u->mm = (ct_mask_mod){tmask_tile, tmask_block, &u->tm, NULL, st[0] != 0, st[1] != 0, NULL};
+        u->mm = (ct_mask_mod){tmask_tile, tmask_block, &u->tm, NULL, st[0] != 0, st[1] != 0};
     } else if (o.is_causal) {
         CT_TRY(ct_mask_mod_causal(&u->mm));
     } else {

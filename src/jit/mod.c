@@ -1,6 +1,7 @@
 /* ct_score_mod_compile / ct_mask_mod_compile: parse, build (compile layer), then bind the
  * arrays into a context and hand out the tile callbacks, the range check and the interval
  * block classifier. */
+#include "attention/attn.h"
 #include "jit/jit_internal.h"
 
 #include <stdio.h>
@@ -71,6 +72,28 @@ static ct_status j_check(void *ctx, int64_t B, int64_t H, int64_t L, int64_t S)
         }
     }
     return CT_OK;
+}
+
+ct_status jit_mask_check(const ct_mask_mod *m, int64_t B, int64_t H, int64_t L, int64_t S)
+{
+    return m->tile == j_mask_tile ? j_check(m->ctx, B, H, L, S) : CT_OK;
+}
+
+ct_status jit_score_check(const ct_score_mod *m, int64_t B, int64_t H, int64_t L, int64_t S)
+{
+    return m->fwd == j_score_fwd ? j_check(m->ctx, B, H, L, S) : CT_OK;
+}
+
+ct_status ct_jit_check_mask(const ct_mask_mod *m, int64_t B, int64_t H, int64_t L, int64_t S)
+{
+    if (!m) return ct_error(CT_EINVAL, "ct_jit_check_mask: m must not be NULL");
+    return at_mask_check(m, B, H, L, S);
+}
+
+ct_status ct_jit_check_score(const ct_score_mod *m, int64_t B, int64_t H, int64_t L, int64_t S)
+{
+    if (!m) return ct_error(CT_EINVAL, "ct_jit_check_score: m must not be NULL");
+    return jit_score_check(m, B, H, L, S);
 }
 
 static void j_free(void *ctx)
@@ -201,7 +224,7 @@ ct_status ct_mod_compile_many(const ct_jit_request *reqs, int n, const ct_jit_op
         bool ub, uh;
         uses(ir, &ub, &uh);
         if (r->mask_out) {
-            *r->mask_out = (ct_mask_mod){j_mask_tile, j_mask_block, c, j_free, ub, uh, j_check};
+            *r->mask_out = (ct_mask_mod){j_mask_tile, j_mask_block, c, j_free, ub, uh};
         } else {
             bool ident;
             s = identity_grad(ir, &ident);
@@ -210,7 +233,7 @@ ct_status ct_mod_compile_many(const ct_jit_request *reqs, int n, const ct_jit_op
             for (int a = 0; a < ir->narr; a++)
                 if (ir->arr[a].grad) pl += c->a[a].numel;
             *r->score_out = (ct_score_mod){j_score_fwd, ident ? NULL : j_score_grad, c, j_free,
-                                           NULL, pl, j_check};
+                                           NULL, pl};
         }
         ctx[i] = NULL;
     }

@@ -110,7 +110,7 @@ static void test_masks(void)
     check_case(mk(1, 2, 2, 40, 40, 16, 16, &notm, NULL), 16, false, "not causal");
 
     /* a user mask (evaluated per block, depends on h), with and without stored tiles */
-    ct_mask_mod um = {user_mask_tile, NULL, NULL, NULL, false, true, NULL};
+    ct_mask_mod um = {user_mask_tile, NULL, NULL, NULL, false, true};
     check_case(mk(1, 3, 3, 57, 57, 16, 16, &um, NULL), 16, false, "user mask");
     check_case(mk(1, 3, 3, 57, 57, 16, 16, &um, NULL), 16, true, "user mask stored");
     check_case(mk(1, 2, 2, 150, 150, 16, 16, &um, NULL), 128, true, "user mask stored bs128");

@@ -118,7 +118,7 @@ static void test_structures(void)
     pair[0] = sw2, pair[1] = pre;
     CHECK_OK(ct_mask_mod_or(pair, 2, &orm));
     CHECK_OK(ct_mask_mod_not(&sw, &notm));
-    user = (ct_mask_mod){user_tile, NULL, NULL, NULL, true, true, NULL};
+    user = (ct_mask_mod){user_tile, NULL, NULL, NULL, true, true};
     check_structure(&causal, 2, 3, 100, 100, 16, "causal");
     check_structure(&causal, 1, 1, 70, 130, 32, "causal cross");
     check_structure(&sw, 1, 1, 100, 100, 8, "sliding");
@@ -183,7 +183,7 @@ static void test_bad_args(void)
     CHECK_STATUS(ct_mask_mod_and(&causal, 0, &m), CT_EINVAL);
     CHECK_STATUS(ct_mask_mod_or(NULL, 2, &m), CT_EINVAL);
     CHECK_STATUS(ct_mask_mod_not(NULL, &m), CT_EINVAL);
-    ct_mask_mod notile = {NULL, NULL, NULL, NULL, false, false, NULL};
+    ct_mask_mod notile = {NULL, NULL, NULL, NULL, false, false};
     CHECK_STATUS(ct_mask_mod_and(&notile, 1, &m), CT_EINVAL);
     CHECK_STATUS(ct_score_mod_softcap(0.0f, &sm), CT_EINVAL);
     CHECK_STATUS(ct_score_mod_softcap(-2.0f, &sm), CT_EINVAL);
@@ -235,7 +235,7 @@ static void test_bad_args(void)
     fo.scale = NAN;
     CHECK_STATUS(ct_flex_attention_forward(&tq, &tk, &tv, NULL, &fo, &to, &tl), CT_EINVAL);
     fo.scale = 0;
-    ct_score_mod nofwd = {NULL, NULL, NULL, NULL, NULL, 0, NULL};
+    ct_score_mod nofwd = {NULL, NULL, NULL, NULL, NULL, 0};
     fo.score_mod = &nofwd;
     CHECK_STATUS(ct_flex_attention_forward(&tq, &tk, &tv, NULL, &fo, &to, &tl), CT_EINVAL);
     fo.score_mod = NULL;

@@ -87,7 +87,7 @@ int main(void)
     CHECK_OK(ct_tensor_wrap(&tm, bmask, CT_DTYPE_BOOL, 4, (int64_t[]){B, 1, L, S}, NULL));
     so.attn_mask = &tm;
     dmask dm = {bmask, L * S, 0, L, S};
-    ct_mask_mod um = {dm_tile, NULL, &dm, NULL, true, false, NULL};
+    ct_mask_mod um = {dm_tile, NULL, &dm, NULL, true, false};
     c.mask = &um;
     CHECK_OK(run_sdpa(&c, &so, &a));
     CHECK(a_compare(&c, &a, 1e-4, "sdpa bool mask"));
@@ -106,7 +106,7 @@ int main(void)
         fmask[x] = -INFINITY;
     CHECK_OK(ct_tensor_wrap(&tm, fmask, CT_DTYPE_F32, 4, (int64_t[]){1, H, L, S}, NULL));
     dmask da = {fmask, 0, L * S, L, S};
-    ct_score_mod add = {dm_add, NULL, &da, NULL, NULL, 0, NULL};
+    ct_score_mod add = {dm_add, NULL, &da, NULL, NULL, 0};
     c.mask = NULL;
     c.sm = &add;
     CHECK_OK(run_sdpa(&c, &so, &a));

@@ -68,7 +68,7 @@ static void check_mask(const char *expr, mask_ref ref, int64_t B, int64_t H, int
     ct_status s = ct_mask_mod_compile(expr, bind, nb, NULL, &m);
     CHECK_OK(s);
     if (s != CT_OK) return;
-    CHECK_OK(m.check(m.ctx, B, H, L, S));
+    CHECK_OK(ct_jit_check_mask(&m, B, H, L, S));
     /* every element of the grid, through odd tiles and both layouts */
     uint8_t keep[64 * 64];
     int bad = 0;
@@ -302,23 +302,33 @@ static void check_ranges(void)
     ct_jit_binding d = bind_doc();
     ct_mask_mod k;
     CHECK_OK(ct_mask_mod_compile("doc[q] == doc[kv]", &d, 1, NULL, &k));
-    CHECK_OK(k.check(k.ctx, 1, 1, 300, 300));
-    CHECK_STATUS(k.check(k.ctx, 1, 1, 301, 300), CT_EINVAL);
+    CHECK_OK(ct_jit_check_mask(&k, 1, 1, 300, 300));
+    CHECK_STATUS(ct_jit_check_mask(&k, 1, 1, 301, 300), CT_EINVAL);
     CHECK(strstr(ct_last_error(), "'doc'") && strstr(ct_last_error(), "[0, 300]"));
     ct_block_mask *bm = NULL;
     CHECK_STATUS(ct_block_mask_create(&k, 1, 1, 300, 400, 64, &bm), CT_EINVAL);
     CHECK(bm == NULL);
+    /* through a combinator too */
+    ct_mask_mod both[2], conj;
+    CHECK_OK(ct_mask_mod_causal(&both[0]));
+    both[1] = k;
+    CHECK_OK(ct_mask_mod_and(both, 2, &conj));
+    CHECK_STATUS(ct_block_mask_create(&conj, 1, 1, 300, 400, 64, &bm), CT_EINVAL);
+    CHECK_OK(ct_block_mask_create(&conj, 1, 1, 300, 300, 64, &bm));
+    ct_block_mask_free(bm);
+    ct_mask_mod_free(&conj);
+    ct_mask_mod_free(&both[0]);
     ct_mask_mod_free(&k);
     /* an index through another array's values */
     int32_t perm[5] = {4, 0, 2, 1, 3}, tab[5] = {1, 2, 3, 4, 5};
     ct_jit_binding two[2] = {{"perm", CT_DTYPE_I32, 1, {5}, perm, false},
                              {"tab", CT_DTYPE_I32, 1, {5}, tab, false}};
     CHECK_OK(ct_mask_mod_compile("tab[perm[q % 5]] > kv", two, 2, NULL, &k));
-    CHECK_OK(k.check(k.ctx, 1, 1, 1000, 1000));
+    CHECK_OK(ct_jit_check_mask(&k, 1, 1, 1000, 1000));
     ct_mask_mod_free(&k);
     two[1].shape[0] = 4;
     CHECK_OK(ct_mask_mod_compile("tab[perm[q % 5]] > kv", two, 2, NULL, &k));
-    CHECK_STATUS(k.check(k.ctx, 1, 1, 10, 10), CT_EINVAL);
+    CHECK_STATUS(ct_jit_check_mask(&k, 1, 1, 10, 10), CT_EINVAL);
     ct_mask_mod_free(&k);
     /* the flex calls run a score mod's check */
     float bias[8] = {0};

@@ -26,12 +26,12 @@ class _Tile(ctypes.Structure):
 
 class _MaskMod(ctypes.Structure):
     _fields_ = [("tile", _vp), ("block", _vp), ("ctx", _vp), ("destroy", _vp),
-                ("uses_b", ctypes.c_bool), ("uses_h", ctypes.c_bool), ("check", _vp)]
+                ("uses_b", ctypes.c_bool), ("uses_h", ctypes.c_bool)]
 
 
 class _ScoreMod(ctypes.Structure):
     _fields_ = [("fwd", _vp), ("grad", _vp), ("ctx", _vp), ("destroy", _vp),
-                ("param_grad", _vp), ("param_len", _i64), ("check", _vp)]
+                ("param_grad", _vp), ("param_len", _i64)]
 
 
 class _BlockMask(ctypes.Structure):
