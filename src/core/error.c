@@ -62,10 +62,20 @@ ct_status ct_error_wrap(ct_status s, const char *fmt, ...)
     va_start(ap, fmt);
     format_aside(ctx, sizeof ctx, fmt, ap);
     va_end(ap);
-    if (cause[0])
-        snprintf(ct_err_buf, sizeof ct_err_buf, "%s: %s", ctx, cause);
-    else
-        memcpy(ct_err_buf, ctx, strlen(ctx) + 1);
+    /* ctx ": " cause, cut to the buffer (spelled out: snprintf's truncation warning fires
+     * on the two-buffer form at some optimisation levels). */
+    size_t cap = sizeof ct_err_buf - 1, n = strlen(ctx);
+    memcpy(ct_err_buf, ctx, n);
+    if (cause[0]) {
+        const char *parts[2] = {": ", cause};
+        for (int i = 0; i < 2 && n < cap; i++) {
+            size_t k = strlen(parts[i]);
+            if (k > cap - n) k = cap - n;
+            memcpy(ct_err_buf + n, parts[i], k);
+            n += k;
+        }
+    }
+    ct_err_buf[n] = '\0';
     return s;
 }
 
