@@ -223,6 +223,31 @@ static bool has_case(const char *list, const char *name)
     return false;
 }
 
+static const char *const CASES[6] = {"flex-sliding", "sdpa-sliding", "flex-causal",
+                                     "sdpa-causal",  "sdpa-dense",   "mask-create"};
+
+/* Every comma-separated name of `list` is a case (and there is at least one); else the
+ * message names the first that is not. */
+static bool check_cases(const char *opt, const char *list)
+{
+    const char *p = list;
+    do {
+        size_t n = strcspn(p, ",");
+        bool known = false;
+        for (int k = 0; k < 6 && !known; k++)
+            known = strlen(CASES[k]) == n && !strncmp(p, CASES[k], n);
+        if (!known) {
+            fprintf(stderr,
+                    "ctorch bench flex: %s: unknown case '%.*s' (cases: flex-sliding, "
+                    "sdpa-sliding, flex-causal, sdpa-causal, sdpa-dense, mask-create)\n",
+                    opt, (int)(n > 64 ? 64 : n), p);
+            return false;
+        }
+        p += n;
+    } while (*p++ == ',');
+    return true;
+}
+
 static double jnum(json_t *o, const char *a, const char *b)
 {
     json_t *x = json_object_get(o, a);
@@ -306,6 +331,7 @@ int bench_flex(bench_ctx *b, int argc, char **argv)
         return 2;
     }
     c.bf16 = !strcmp(dt, "bf16");
+    if (!check_cases("--cases", cases) || (which && !check_cases("--case", which))) return 2;
     if (which) {
         if (!strcmp(which, "mask-create")) return run_mask_case(b, mask_seq, c.W, c.H, c.bs);
         c.name = which;
@@ -322,8 +348,7 @@ int bench_flex(bench_ctx *b, int argc, char **argv)
     snprintf(sr, sizeof sr, "%d", b->repeats);
     snprintf(sdr, sizeof sdr, "%lld", dense_repeats);
     snprintf(sm, sizeof sm, "%lld", mask_seq);
-    const char *names[6] = {"flex-sliding", "sdpa-sliding", "flex-causal",
-                            "sdpa-causal",  "sdpa-dense",   "mask-create"};
+    const char *const *names = CASES;
     json_t *res[6] = {0};
     for (int k = 0; k < 6; k++) {
         if (!has_case(cases, names[k])) continue;

@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <ftw.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -59,6 +61,9 @@ static void usage(FILE *f)
         "  --save-every N       checkpoint every N steps (and at the end; 0: only at the end)\n"
         "  --resume [FILE]      continue exactly from FILE (default OUT/checkpoint.safetensors):\n"
         "                       model, data and training settings come from the checkpoint\n"
+        "  --overwrite          replace an earlier run in OUT (its checkpoint, sharded\n"
+        "                       checkpoint-<step>/ folders, latest, metrics, plot); without it\n"
+        "                       a fresh run refuses an OUT that holds one\n"
         "  --stop-at N          end this run after step N (the schedule still spans --steps)\n"
         "  --log-every N        progress lines when stderr is not a terminal (steps / 20)\n"
         "  --quiet              no progress line\n"
@@ -83,6 +88,7 @@ typedef struct run {
     long long text_vocab, stop_at, eval_every, save_every, log_every, threads;
     double eval_fraction;
     bool quiet, no_doc_mask, resuming;
+    bool overwrite; /* --overwrite: replace an earlier run in OUT (not a training setting) */
     const char *settings_flag; /* first model/data/training option given (refused with --resume) */
     /* data */
     bool builtin;
@@ -210,7 +216,7 @@ static int parse(run *r, int argc, char **argv)
             t->fused_head = false;
         else if (!strcmp(a, "--dense-attention"))
             t->dense_attention = true;
-        else if (int_opt(argc, argv, &i, "--eval-batches", 0, 1 << 20, &x, &bad))
+        else if (int_opt(argc, argv, &i, "--eval-batches", 1, 1 << 20, &x, &bad))
             t->eval_batches = x;
         else {
             setting = false;
@@ -225,6 +231,8 @@ static int parse(run *r, int argc, char **argv)
                 r->quiet = true;
             else if (cli_opt(argc, argv, &i, "--dump-grads", &v))
                 r->dump = v;
+            else if (!strcmp(a, "--overwrite"))
+                r->overwrite = true;
             else if (!strcmp(a, "--resume")) {
                 r->resuming = true;
                 if (i + 1 < argc && argv[i + 1][0] != '-') r->resume = argv[++i];
@@ -913,6 +921,84 @@ static int train_loop(run *r)
     return rc;
 }
 
+/* ---- an earlier run in OUT ----------------------------------------------------------------- */
+
+/* "checkpoint-<digits>": a sharded checkpoint folder. */
+static bool sharded_name(const char *n)
+{
+    if (strncmp(n, "checkpoint-", 11) || !n[11]) return false;
+    for (const char *p = n + 11; *p; p++)
+        if (*p < '0' || *p > '9') return false;
+    return true;
+}
+
+static const char *const RUN_FILES[] = {"checkpoint.safetensors", "metrics.jsonl", "latest",
+                                        "loss.svg"};
+
+/* The first thing of an earlier run in dir (into what), or false when there is none. Only
+ * a checkpoint, the metrics, `latest` or a checkpoint-<step>/ folder count (the plot alone
+ * does not: it is redrawn from the metrics). */
+static bool earlier_run(const char *dir, char *what, size_t cap)
+{
+    struct stat st;
+    char p[4200];
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, RUN_FILES[i]);
+        if (!lstat(p, &st)) {
+            snprintf(what, cap, "%s", RUN_FILES[i]);
+            return true;
+        }
+    }
+    DIR *d = opendir(dir);
+    if (!d) return false;
+    bool found = false;
+    for (struct dirent *e; !found && (e = readdir(d));)
+        if (sharded_name(e->d_name)) {
+            snprintf(what, cap, "%s/", e->d_name);
+            found = true;
+        }
+    closedir(d);
+    return found;
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)ftw;
+    return (flag == FTW_DP ? rmdir(path) : unlink(path)) ? -1 : 0;
+}
+
+/* --overwrite: remove the earlier run's files and sharded folders (nothing else in dir). */
+static int remove_earlier_run(const char *dir)
+{
+    char p[4200];
+    for (size_t i = 0; i < sizeof RUN_FILES / sizeof RUN_FILES[0]; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, RUN_FILES[i]);
+        struct stat st;
+        if (lstat(p, &st)) continue;
+        int bad = S_ISDIR(st.st_mode) ? nftw(p, rm_entry, 16, FTW_DEPTH | FTW_PHYS) : unlink(p);
+        if (bad) {
+            fprintf(stderr, "ctorch train: --overwrite: cannot remove '%s': %s\n", p,
+                    strerror(errno));
+            return 1;
+        }
+    }
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int rc = 0;
+    for (struct dirent *e; !rc && (e = readdir(d));) {
+        if (!sharded_name(e->d_name)) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (nftw(p, rm_entry, 16, FTW_DEPTH | FTW_PHYS)) {
+            fprintf(stderr, "ctorch train: --overwrite: cannot remove '%s': %s\n", p,
+                    strerror(errno));
+            rc = 1;
+        }
+    }
+    closedir(d);
+    return rc;
+}
+
 static void run_free(run *r)
 {
     free(r->train);
@@ -940,6 +1026,14 @@ int cmd_train(int argc, char **argv)
                 strerror(errno));
         return 1;
     }
+    char prior[300];
+    if (!r.resuming && !r.dump && !r.overwrite && earlier_run(r.out, prior, sizeof prior)) {
+        fprintf(stderr,
+                "ctorch train: '%s' holds an earlier run (%s); --resume continues it, "
+                "--overwrite replaces it, or choose another --out\n",
+                r.out, prior);
+        return 1;
+    }
     snprintf(r.ckpt, sizeof r.ckpt, "%s/checkpoint.safetensors", r.out);
     snprintf(r.metrics, sizeof r.metrics, "%s/metrics.jsonl", r.out);
     snprintf(r.svg, sizeof r.svg, "%s/loss.svg", r.out);
@@ -958,12 +1052,20 @@ int cmd_train(int argc, char **argv)
             if (s) rc = cli_fail("train: --config", s);
         }
     }
+    if (!rc && r.to.eval_batches < 1) { /* every run evaluates (eval_every and at the end) */
+        fprintf(stderr,
+                "ctorch train: eval_batches must be >= 1 (got %lld from the checkpoint's "
+                "\"train\")\n",
+                (long long)r.to.eval_batches);
+        rc = 1;
+    }
     if (!rc) rc = r.data_path ? text_data(&r, sum, tokens) : builtin_data(&r);
     if (!rc && r.to.seq == 0) r.to.seq = r.cfg.context;
     if (!rc) {
         ct_status s = ct_gpt_config_check(&r.cfg);
         if (s) rc = cli_fail("train: model configuration", s);
     }
+    if (!rc && !r.dump && !r.resuming && r.overwrite) rc = remove_earlier_run(r.out);
     if (!rc) rc = r.dump ? dump_grads(&r) : train_loop(&r);
     run_free(&r);
     return rc;

@@ -97,3 +97,121 @@ def test_resume_checks_the_tensors_before_building_the_model(tmp_path):
     assert rc == 1, err
     assert rss < RSS_BOUND, f"peak RSS {rss >> 20} MiB"
     assert "'tok_embeddings.weight' has shape [4, 4]" in err, err
+
+
+# ---- checkpoints whose trainer state passes the format checks but is wrong -----------------
+
+TINY = ["--vocab", 512, "--classes", 8, "--sentence", 5, "--repeats", 3, "--layers", 1, "--d-model", 16,
+        "--heads", 2, "--kv-heads", 1, "--ffn", 24, "--context", 16, "--batch", 2]
+
+
+def read_safetensors(path):
+    raw = path.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    return json.loads(raw[8:8 + n]), raw[8 + n:]
+
+
+def with_metadata(src, dst, **changes):
+    """Copy a safetensors file with __metadata__ entries changed (tensors byte for byte)."""
+    header, data = read_safetensors(src)
+    header["__metadata__"].update(changes)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    dst.write_bytes(struct.pack("<Q", len(h)) + h + data)
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("run")
+    ctorch_ok("train", *TINY, "--steps", 4, "--stop-at", 2, "--quiet", "--out", d)
+    return d / "checkpoint.safetensors"
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("step", "9223372036854775808", '"step"'),          # was clamped to 2^63-1: the run "finished", rc 0
+    ("step", "-3", '"step"'),
+    ("rng", "0" * 64, '"rng" is all zero'),              # xoshiro's one invalid state
+    ("train", None, "accum must be in [1, 2^20]"),       # accum 2^40 (the CLI caps 2^20)
+    ("train", "eval0", "eval_batches must be >= 1"),     # would fail at the first evaluation
+])
+def test_resume_refuses_bad_trainer_state(tmp_path, small_run, key, value, needle):
+    header, _ = read_safetensors(small_run)
+    if key == "train":
+        tr = json.loads(header["__metadata__"]["train"])
+        if value is None:
+            tr["accum"] = 1 << 40
+        else:
+            tr["eval_batches"] = 0
+        value = json.dumps(tr)
+    bad = tmp_path / "bad.safetensors"
+    with_metadata(small_run, bad, **{key: value})
+    out = tmp_path / "out"
+    rc, _, err, _ = run("train", "--resume", bad, "--out", out, "--quiet")
+    assert rc == 1, err
+    assert needle in err, err
+    assert not (out / "metrics.jsonl").exists()
+
+
+def test_eval_batches_zero_is_refused_up_front(tmp_path):
+    rc, _, err, _ = run("train", *TINY, "--steps", 2, "--eval-batches", 0, "--quiet", "--out", tmp_path / "o")
+    assert rc == 2, err
+    assert "--eval-batches" in err, err
+    assert not (tmp_path / "o" / "metrics.jsonl").exists()
+
+
+# ---- a fresh run over an earlier one --------------------------------------------------------
+
+def test_fresh_run_refuses_an_earlier_run_unless_overwrite(tmp_path):
+    out = tmp_path / "run"
+    ctorch_ok("train", *TINY, "--steps", 2, "--quiet", "--out", out)
+    ck, metrics = (out / "checkpoint.safetensors").read_bytes(), (out / "metrics.jsonl").read_bytes()
+    rc, _, err, _ = run("train", *TINY, "--steps", 3, "--seed", 7, "--quiet", "--out", out)
+    assert rc == 1, err
+    assert "earlier run" in err and "--overwrite" in err and "checkpoint.safetensors" in err, err
+    assert (out / "checkpoint.safetensors").read_bytes() == ck
+    assert (out / "metrics.jsonl").read_bytes() == metrics
+    # --resume continues it; --overwrite is not a training setting, so resume accepts it
+    ctorch_ok("train", "--resume", "--overwrite", "--quiet", "--out", out)
+    assert (out / "checkpoint.safetensors").read_bytes() == ck  # the run had ended: nothing to add
+    # --overwrite replaces it
+    ctorch_ok("train", *TINY, "--steps", 3, "--seed", 7, "--quiet", "--out", out, "--overwrite")
+    header, _ = read_safetensors(out / "checkpoint.safetensors")
+    assert header["__metadata__"]["step"] == "3"
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert lines[0]["event"] == "start" and lines[-1]["event"] == "end"
+    assert [x["step"] for x in lines if "loss" in x and "step" in x] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("layout", ["sharded", "checkpoint-dir-only", "metrics-only"])
+def test_earlier_sharded_run_is_seen_and_overwritten(tmp_path, layout):
+    out = tmp_path / "run"
+    out.mkdir()
+    keep = out / "notes.txt"  # not the run's: never touched
+    keep.write_text("mine")
+    if layout == "sharded":
+        (out / "checkpoint-40").mkdir()
+        (out / "checkpoint-40" / "rank0.safetensors").write_bytes(b"x")
+        (out / "latest").symlink_to("checkpoint-40")
+        needle = "latest"
+    elif layout == "checkpoint-dir-only":
+        (out / "checkpoint-7").mkdir()
+        (out / "checkpoint-7" / "shard").mkdir()
+        (out / "checkpoint-7" / "shard" / "rank1.safetensors").write_bytes(b"y")
+        needle = "checkpoint-7/"
+    else:
+        (out / "metrics.jsonl").write_text('{"event": "start"}\n')
+        needle = "metrics.jsonl"
+    rc, _, err, _ = run("train", *TINY, "--steps", 1, "--quiet", "--out", out)
+    assert rc == 1 and needle in err, err
+    ctorch_ok("train", *TINY, "--steps", 1, "--quiet", "--out", out, "--overwrite")
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["checkpoint.safetensors", "loss.svg", "metrics.jsonl", "notes.txt"], names
+    assert keep.read_text() == "mine"
+
+
+def test_bench_flex_unknown_case_is_an_error():
+    for cases, bad in (("bogus", "bogus"), ("flex-sliding,nope", "nope"), ("", "''")):
+        rc, out, err, _ = run("bench", "flex", "--cases", cases, "--seq", 64)
+        assert rc == 2, (cases, err)
+        assert f"unknown case '{bad}'" in err or (bad == "''" and "unknown case ''" in err), err
+        assert out == "", out
