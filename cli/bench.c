@@ -16,6 +16,7 @@ static const struct {
     {"lce", bench_lce, "fused linear cross-entropy vs unfused (ctorch and PyTorch), fwd+bwd"},
     {"flex", bench_flex, "FlexAttention sliding window / causal vs dense SDPA, block-mask cost"},
     {"train", bench_train, "one training step: fused vs unfused head, flex window vs dense, vs PyTorch"},
+    {"generate", bench_generate, "decode with the KV cache vs recomputing the sequence, prompt/decode tok/s"},
 };
 
 static void bench_usage(FILE *f)

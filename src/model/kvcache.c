@@ -9,9 +9,11 @@
  * the cached length (causal, the sliding window, and the document mask). */
 #include "model/gpt_internal.h"
 
+#include <math.h>
 #include <string.h>
 
 #define CACHE_CHUNK 256
+#define DECODE_MAX 4 /* at most this many new positions per row: the decode paths */
 
 /* The mask of a chunk: query i of the chunk is position past + i; key j is position j. */
 typedef struct cache_mask {
@@ -76,6 +78,118 @@ static void add_rows(float *x, const float *b, int64_t N, int64_t C)
     for (int64_t r = 0; r < N; r++)
         for (int64_t j = 0; j < C; j++)
             x[r * C + j] += b[j];
+}
+
+/* ---- linear layers of a few rows (decode) ---------------------------------------------------
+ * out[N, V] = inp[N, D] W[V, D]^T (+ beta out) for N <= DECODE_MAX: a GEMV per weight row, 8
+ * partial sums (vectorisable) added in a fixed order, the V rows split across threads. A
+ * single-row sgemm would re-pack the whole weight matrix on every call. */
+typedef struct gemv_job {
+    float *out;
+    const float *inp, *w;
+    int64_t N, D, V, ldo, ldw;
+    bool accumulate;
+} gemv_job;
+
+#define GEMV_BLOCK 64
+
+static void gemv_rows(void *arg, int64_t b0, int64_t b1, int tid)
+{
+    const gemv_job *j = arg;
+    for (int64_t blk = b0; blk < b1; blk++) {
+        int64_t v1 = (blk + 1) * GEMV_BLOCK < j->V ? (blk + 1) * GEMV_BLOCK : j->V;
+        for (int64_t v = blk * GEMV_BLOCK; v < v1; v++) {
+            const float *w = j->w + v * j->ldw;
+            for (int64_t r = 0; r < j->N; r++) {
+                const float *x = j->inp + r * j->D;
+                float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                int64_t d = 0;
+                for (; d + 8 <= j->D; d += 8)
+                    for (int k = 0; k < 8; k++)
+                        a[k] += x[d + k] * w[d + k];
+                float t = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+                for (; d < j->D; d++)
+                    t += x[d] * w[d];
+                float *o = j->out + r * j->ldo + v;
+                *o = j->accumulate ? *o + t : t;
+            }
+        }
+    }
+}
+
+/* out[N, V] (row stride ldo) = inp W^T (+ out when accumulate); W [V, D] with row stride ldw;
+ * bias [V] or NULL added after. Few rows: the GEMV above; more: ct_gemm_f32. */
+static ct_status linear(float *out, int64_t ldo, const float *inp, const float *w, int64_t ldw,
+                        const float *bias, int64_t N, int64_t D, int64_t V, bool accumulate)
+{
+    if (N > DECODE_MAX && !accumulate && ldo == V && ldw == D)
+        return ct_linear_forward(out, inp, w, bias, N, D, V); /* as the model's forward */
+    if (N > DECODE_MAX) {
+        CT_TRY(ct_gemm_f32(false, true, N, V, D, 1.0f, inp, D, w, ldw, accumulate ? 1.0f : 0.0f,
+                           out, ldo));
+    } else {
+        gemv_job j = {out, inp, w, N, D, V, ldo, ldw, accumulate};
+        ct_parallel_for((V + GEMV_BLOCK - 1) / GEMV_BLOCK, gemv_rows, &j);
+    }
+    if (bias)
+        for (int64_t r = 0; r < N; r++)
+            for (int64_t v = 0; v < V; v++)
+                out[r * ldo + v] += bias[v];
+    return CT_OK;
+}
+
+/* ---- attention of a few new positions (decode) ----------------------------------------------
+ * For n <= DECODE_MAX queries per row, a direct pass per (row, head, query) over its visible
+ * keys with an online softmax beats FlexAttention's query tiles (mostly empty for one query).
+ * Each output row is computed by one task in key order: the same bits for any thread count. */
+#define DECODE_MAX_E 1024 /* head dims up to this (in double) */
+
+typedef struct decode_job {
+    const ct_gpt_cache *c;
+    const float *q, *kc, *vc; /* q [B, n, H, E]; this layer's cache [B, max_len, K, E] */
+    float *out;               /* [B, n, H, E] */
+    int64_t n;
+    double scale;
+} decode_job;
+
+static void decode_rows(void *arg, int64_t r0, int64_t r1, int tid)
+{
+    const decode_job *j = arg;
+    const ct_gpt_cache *c = j->c;
+    int64_t H = c->H, K = c->K, E = c->E, n = j->n, W = c->m->cfg.window;
+    double acc[DECODE_MAX_E];
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t h = r % H, i = (r / H) % n, b = r / (H * n), kh = h / (H / K);
+        int64_t qp = c->len + i, lo = W && qp - W > 0 ? qp - W : 0;
+        const float *q = j->q + ((b * n + i) * H + h) * E;
+        float *o = j->out + ((b * n + i) * H + h) * E;
+        const int32_t *doc = c->m->opt.eos_token >= 0 ? c->doc + b * c->max_len : NULL;
+        double mx = -INFINITY, sum = 0;
+        for (int64_t e = 0; e < E; e++)
+            acc[e] = 0;
+        for (int64_t p = lo; p <= qp; p++) {
+            if (doc && doc[p] != doc[qp]) continue;
+            const float *k = j->kc + ((b * c->max_len + p) * K + kh) * E;
+            const float *v = j->vc + ((b * c->max_len + p) * K + kh) * E;
+            double sc = 0;
+            for (int64_t e = 0; e < E; e++)
+                sc += (double)q[e] * k[e];
+            sc *= j->scale;
+            if (sc > mx) { /* rescale what was summed to the new maximum */
+                double f = exp(mx - sc);
+                sum *= f;
+                for (int64_t e = 0; e < E; e++)
+                    acc[e] *= f;
+                mx = sc;
+            }
+            double w = exp(sc - mx);
+            sum += w;
+            for (int64_t e = 0; e < E; e++)
+                acc[e] += w * v[e];
+        }
+        for (int64_t e = 0; e < E; e++)
+            o[e] = sum > 0 ? (float)(acc[e] / sum) : 0.0f;
+    }
 }
 
 /* a * b * ... checked: false on overflow. */
@@ -207,22 +321,26 @@ static ct_status chunk_forward(ct_gpt_cache *c, int64_t n, bool all, float *logi
     c->mask = (cache_mask){docs ? c->doc : NULL, c->max_len, past, cfg->window};
     ct_mask_mod mm = {mask_tile, mask_block, &c->mask, NULL, docs, false};
     ct_block_mask *bm = NULL;
-    CT_TRY(ct_block_mask_create(&mm, B, H, n, S, S <= 256 ? 64 : 128, &bm));
+    if (n > DECODE_MAX || E > DECODE_MAX_E) CT_TRY(ct_block_mask_create(&mm, B, H, n, S, S <= 256 ? 64 : 128, &bm));
     ct_status s = ct_embedding_forward(c->x, c->tok, CT_DTYPE_I32, m->w.emb, N, V, C);
     for (int64_t l = 0; !s && l < c->L; l++) {
         const gpt_layer *w = &m->w.layer[l];
         float *kc = c->kc + (size_t)l * (size_t)(B * c->max_len * KE);
         float *vc = c->vc + (size_t)l * (size_t)(B * c->max_len * KE);
         if ((s = ct_rmsnorm_forward(c->ln, c->rstd, c->x, w->norm1, N, C, cfg->norm_eps)) ||
-            (s = ct_linear_forward(c->q, c->ln, w->wq, w->bq, N, C, HE)) ||
-            (s = ct_linear_forward(c->k, c->ln, w->wk, w->bk, N, C, KE)) ||
-            (s = ct_linear_forward(c->v, c->ln, w->wv, w->bv, N, C, KE)) ||
+            (s = linear(c->q, HE, c->ln, w->wq, C, w->bq, N, C, HE, false)) ||
+            (s = linear(c->k, KE, c->ln, w->wk, C, w->bk, N, C, KE, false)) ||
+            (s = linear(c->v, KE, c->ln, w->wv, C, w->bv, N, C, KE, false)) ||
             (s = rope(m, c->q, c->pos, B, n, H)) || (s = rope(m, c->k, c->pos, B, n, K)))
             break;
         for (int64_t b = 0; b < B; b++) {
             size_t dst = (size_t)(b * c->max_len + past) * (size_t)KE, src = (size_t)(b * n * KE);
             memcpy(kc + dst, c->k + src, (size_t)(n * KE) * sizeof(float));
             memcpy(vc + dst, c->v + src, (size_t)(n * KE) * sizeof(float));
+        }
+        if (!bm) {
+            decode_job dj = {c, c->q, kc, vc, c->att, n, 1.0 / sqrt((double)E)};
+            ct_parallel_for(B * n * H, decode_rows, &dj);
         }
         ct_tensor tq, tk, tv, to;
         int64_t qs[4] = {B, H, n, E}, qst[4] = {n * HE, E, HE, 1};
@@ -231,19 +349,18 @@ static ct_status chunk_forward(ct_gpt_cache *c, int64_t n, bool all, float *logi
             (s = ct_tensor_wrap(&to, c->att, CT_DTYPE_F32, 4, qs, qst)) ||
             (s = ct_tensor_wrap(&tk, kc, CT_DTYPE_F32, 4, ks, kst)) ||
             (s = ct_tensor_wrap(&tv, vc, CT_DTYPE_F32, 4, ks, kst)) ||
-            (s = ct_flex_attention_forward(&tq, &tk, &tv, bm, NULL, &to, NULL)) ||
-            (s = ct_gemm_f32(false, true, N, C, HE, 1.0f, c->att, HE, w->wo, HE, 1.0f, c->x, C)))
+            (bm && (s = ct_flex_attention_forward(&tq, &tk, &tv, bm, NULL, &to, NULL))) ||
+            (s = linear(c->x, C, c->att, w->wo, HE, NULL, N, HE, C, true)))
             break;
         if (w->bo) add_rows(c->x, w->bo, N, C);
         if ((s = ct_rmsnorm_forward(c->ln, c->rstd, c->x, w->norm2, N, C, cfg->norm_eps)))
             break;
         if (w->wup == w->wgu + F * C)
-            s = ct_linear_forward(c->gu, c->ln, w->wgu, NULL, N, C, 2 * F);
-        else if (!(s = ct_gemm_f32(false, true, N, F, C, 1.0f, c->ln, C, w->wgu, C, 0.0f, c->gu,
-                                   2 * F))) /* gate and up held apart */
-            s = ct_gemm_f32(false, true, N, F, C, 1.0f, c->ln, C, w->wup, C, 0.0f, c->gu + F, 2 * F);
+            s = linear(c->gu, 2 * F, c->ln, w->wgu, C, NULL, N, C, 2 * F, false);
+        else if (!(s = linear(c->gu, 2 * F, c->ln, w->wgu, C, NULL, N, C, F, false)))
+            s = linear(c->gu + F, 2 * F, c->ln, w->wup, C, NULL, N, C, F, false); /* held apart */
         if (s || (s = ct_swiglu_forward(c->hb, c->gu, N, F)) ||
-            (s = ct_gemm_f32(false, true, N, C, F, 1.0f, c->hb, F, w->wdown, F, 1.0f, c->x, C)))
+            (s = linear(c->x, C, c->hb, w->wdown, F, NULL, N, F, C, true)))
             break;
     }
     ct_block_mask_free(bm);
@@ -251,11 +368,11 @@ static ct_status chunk_forward(ct_gpt_cache *c, int64_t n, bool all, float *logi
     CT_TRY(ct_rmsnorm_forward(c->ln, c->rstd, c->x, m->w.norm, N, C, cfg->norm_eps));
     for (int64_t b = 0; b < B; b++) {
         if (all)
-            CT_TRY(ct_linear_forward(logits + (size_t)(b * ld_rows + row0) * (size_t)V,
-                                     c->ln + (size_t)(b * n * C), m->w.out, NULL, n, C, V));
+            CT_TRY(linear(logits + (size_t)(b * ld_rows + row0) * (size_t)V, V,
+                          c->ln + (size_t)(b * n * C), m->w.out, C, NULL, n, C, V, false));
         else if (logits)
-            CT_TRY(ct_linear_forward(logits + (size_t)(b * V), c->ln + (size_t)((b * n + n - 1) * C),
-                                     m->w.out, NULL, 1, C, V));
+            CT_TRY(linear(logits + (size_t)(b * V), V, c->ln + (size_t)((b * n + n - 1) * C),
+                          m->w.out, C, NULL, 1, C, V, false));
     }
     c->len += n;
     return CT_OK;

@@ -337,3 +337,15 @@ def test_cli_bad_options(checkpoint):
         assert needle in r.stderr, (args, r.stderr)
     r = run("generate", ok=False)
     assert r.returncode == 2 and "--model" in r.stderr and "--checkpoint" in r.stderr
+
+
+def test_bench_generate_runs():
+    r = run("bench", "generate", "--context", 48, "--new-tokens", 6, "--layers", 1, "--d-model", 16,
+            "--heads", 2, "--kv-heads", 1, "--ffn", 16, "--vocab", 64, "--json")
+    j = json.loads(r.stdout)
+    assert j["bench"] == "generate" and j["same_tokens"] is True
+    assert j["shape"] == {"batch": 1, "context": 48, "prompt_tokens": 42, "new_tokens": 6}
+    for way in ("kv_cache", "no_cache"):
+        assert j[way]["decode_tok_s"] > 0 and j[way]["prompt_tok_s"] > 0
+    assert j["decode_speedup"] > 0
+    assert run("bench", "generate", "--help").stdout.startswith("usage: ctorch bench generate")
