@@ -435,6 +435,100 @@ CT_API ct_status ct_gpt_checkpoint_check(const ct_tensor_file *f, bool trainer_s
  *  tensors: ct_gpt_checkpoint_check(f, false, cfg). CT_EFORMAT if absent or bad. */
 CT_API ct_status ct_gpt_checkpoint_config(const ct_tensor_file *f, ct_gpt_config *cfg);
 
+/* ---- Hugging Face Llama-family directories -------------------------------------------------- */
+/*
+ * A directory holding config.json and model.safetensors, or shards listed by
+ * model.safetensors.index.json ({"metadata": {"total_size": N}, "weight_map": {name: file}}).
+ * Architectures: LlamaForCausalLM (Llama 2/3, SmolLM...), Qwen2ForCausalLM (q/k/v biases),
+ * MistralForCausalLM (without a sliding window). config.json keys read: hidden_size,
+ * intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim,
+ * rms_norm_eps, rope_theta, rope_scaling (rope_type / type "linear" or "llama3", factor,
+ * low_freq_factor, high_freq_factor, original_max_position_embeddings),
+ * max_position_embeddings (the model's context), tie_word_embeddings, vocab_size,
+ * torch_dtype (or dtype), attention_bias, bos_token_id, eos_token_id; keys that do not change
+ * the maths are accepted (transformers_version, use_cache, initializer_range, pad_token_id,
+ * pretraining_tp, _name_or_path, max_window_layers, sliding_window when no window is used),
+ * keys fixed to one value are checked (hidden_act "silu", mlp_bias false, attention_dropout
+ * 0, use_sliding_window false, partial_rotary_factor 1); any other key is refused by name.
+ * Tensor names: model.embed_tokens.weight, model.norm.weight, lm_head.weight (untied),
+ * model.layers.N.{input_layernorm,post_attention_layernorm}.weight,
+ * model.layers.N.self_attn.{q,k,v,o}_proj.{weight,bias}, model.layers.N.mlp.{gate,up,down}_proj.weight;
+ * gate_proj and up_proj are the two halves of ctorch's w_gate_up. The derived buffer
+ * model.layers.N.self_attn.rotary_emb.inv_freq of older checkpoints is ignored; a tied model's
+ * lm_head.weight must equal the embedding. Any other tensor, a missing one, or a shape that
+ * does not match the configuration is refused by name.
+ */
+
+/** Architectures of ct_hf_info. */
+typedef enum ct_hf_arch { CT_HF_LLAMA = 1, CT_HF_QWEN2 = 2, CT_HF_MISTRAL = 3 } ct_hf_arch;
+
+/** What config.json says beyond the model's shape. */
+typedef struct ct_hf_info {
+    ct_hf_arch arch;
+    ct_dtype dtype;    /**< torch_dtype: F32, F16 or BF16 (F32 when absent) */
+    int32_t bos_token; /**< bos_token_id, -1 when absent or null */
+    int32_t eos_token; /**< eos_token_id (the first of a list), -1 when absent or null */
+} ct_hf_info;
+
+/** Parse config.json text (len bytes) into *cfg (window 0, init_std 0) and *info. CT_EFORMAT
+ *  names the key that is unknown, missing, of the wrong type or value; CT_EUNSUPPORTED names
+ *  an architecture or a rope_scaling type ctorch does not implement. */
+CT_API ct_status ct_hf_config_parse(const char *json, size_t len, ct_gpt_config *cfg,
+                                    ct_hf_info *info);
+
+/** The Hugging Face name of part `part` of ctorch tensor `name` (part 0; w_gate_up has part 0,
+ *  gate_proj, and part 1, up_proj) into buf[n]. *parts (may be NULL) receives how many parts the
+ *  tensor has. CT_EINVAL for a name that is not a ctorch model tensor. */
+CT_API ct_status ct_hf_tensor_name(const char *name, int part, char *buf, size_t n, int *parts);
+
+/** An opened directory: its configuration and mapped shard files (opaque). */
+typedef struct ct_hf_model ct_hf_model;
+
+/** Open a directory: parse config.json, map model.safetensors (or the index and every shard it
+ *  names: plain file names inside the directory, each tensor in exactly one shard, the index
+ *  and the shards agreeing), check every tensor name and shape against the configuration.
+ *  Nothing is read beyond the headers. CT_EIO / CT_EFORMAT naming the file and what is wrong. */
+CT_API ct_status ct_hf_open(const char *dir, ct_hf_model **out);
+
+/** Close a directory (models mapped from it must be freed first). NULL is a no-op. */
+CT_API void ct_hf_close(ct_hf_model *h);
+
+/** The configuration and facts of an opened directory. */
+CT_API const ct_gpt_config *ct_hf_get_config(const ct_hf_model *h);
+CT_API const ct_hf_info *ct_hf_get_info(const ct_hf_model *h);
+
+/** Number of shard files (1 for model.safetensors alone). */
+CT_API int ct_hf_num_shards(const ct_hf_model *h);
+
+/** Copy every weight into the model's own f32 parameters (bf16 and f16 converted exactly). m
+ *  must have the directory's configuration (CT_EINVAL otherwise). For training. */
+CT_API ct_status ct_hf_load_params(const ct_hf_model *h, ct_gpt *m);
+
+/** Point the model's weights at the mapped files where a tensor is f32 and aligned (no copy;
+ *  the others are converted into the model's own buffers). The model becomes inference-only
+ *  (ct_gpt_forward_backward, ct_gpt_init and ct_gpt_load_params refuse it) and h must outlive
+ *  it. *mapped (may be NULL) receives how many of the HF tensors were mapped without a copy. */
+CT_API ct_status ct_hf_map_params(const ct_hf_model *h, ct_gpt *m, int *mapped);
+
+/** Options of ct_hf_save. */
+typedef struct ct_hf_save_options {
+    int dtype;          /**< -1 (default): the source's torch_dtype (like) or F32; else
+                             CT_DTYPE_F32, _F16 or _BF16 */
+    ct_hf_arch arch;    /**< without `like`: 0 (default) picks Qwen2 for q/k/v biases without
+                             an o bias, else Llama */
+} ct_hf_save_options;
+
+/** The defaults listed above. */
+CT_API ct_hf_save_options ct_hf_save_options_default(void);
+
+/** Write the model as a Hugging Face directory `dir` (created if absent): config.json, and
+ *  model.safetensors, or, when `like` (may be NULL) came from shards, the same shard files and
+ *  assignment with model.safetensors.index.json. With `like`, config.json keeps its keys (the
+ *  shape ones rewritten from the model, torch_dtype set to the saved dtype). Each file is
+ *  written atomically. opt NULL: the defaults. */
+CT_API ct_status ct_hf_save(ct_gpt *m, const ct_hf_model *like, const char *dir,
+                            const ct_hf_save_options *opt);
+
 #ifdef __cplusplus
 }
 #endif

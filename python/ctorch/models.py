@@ -77,6 +77,37 @@ lib.ct_gpt_forward_backward.argtypes = [_vp, _vp, ctypes.c_int64, ctypes.c_int64
                                         _P(ctypes.c_float)]
 lib.ct_free.argtypes = [_vp]
 lib.ct_free.restype = None
+lib.ct_hf_open.argtypes = [ctypes.c_char_p, _P(_vp)]
+lib.ct_hf_close.argtypes = [_vp]
+lib.ct_hf_close.restype = None
+lib.ct_hf_get_config.argtypes = [_vp]
+lib.ct_hf_get_config.restype = _P(_Config)
+lib.ct_hf_load_params.argtypes = [_vp, _vp]
+lib.ct_hf_map_params.argtypes = [_vp, _vp, _P(ctypes.c_int)]
+lib.ct_hf_num_shards.argtypes = [_vp]
+
+
+class _HfSaveOptions(ctypes.Structure):
+    _fields_ = [("dtype", ctypes.c_int), ("arch", ctypes.c_int)]
+
+
+lib.ct_hf_save_options_default.restype = _HfSaveOptions
+lib.ct_hf_save.argtypes = [_vp, _vp, ctypes.c_char_p, _P(_HfSaveOptions)]
+_DTYPES = {None: -1, "f32": 0, "float32": 0, "f16": 2, "float16": 2, "bf16": 3, "bfloat16": 3}
+
+
+class _HfDir:
+    """An opened Hugging Face directory (ct_hf_model), closed when the last user goes."""
+
+    def __init__(self, path):
+        h = _vp()
+        check(lib.ct_hf_open(os.fsencode(path), ctypes.byref(h)))
+        self.h = h
+
+    def __del__(self):
+        if getattr(self, "h", None):
+            lib.ct_hf_close(self.h)
+            self.h = None
 
 
 def _config_struct(cfg):
@@ -98,9 +129,12 @@ def _config_dict(c):
 class Model:
     """A ctorch model in f32 (weights zero until set_weights / init / load)."""
 
-    def __init__(self, config, seed=None):
+    def __init__(self, config, seed=None, _hf=None, _mapped=False):
         self._cfg = _config_struct(config)
         self.config = _config_dict(self._cfg)
+        self._hf = _hf          # the directory the weights come from (kept open: mapped views)
+        self._mapped = _mapped  # weights read in place from the files (inference only)
+        self.mapped_tensors = 0
         self._m = None
         self._batch = 0
         self._seq = 0
@@ -125,9 +159,18 @@ class Model:
         o.batch, o.seq = nb, ns
         m = _vp()
         check(lib.ct_gpt_create(ctypes.byref(self._cfg), ctypes.byref(o), ctypes.byref(m)))
-        if self._m is not None:
+        if self._mapped:
+            n = ctypes.c_int()
+            try:
+                check(lib.ct_hf_map_params(self._hf.h, m, ctypes.byref(n)))
+            except Exception:
+                lib.ct_gpt_free(m)
+                raise
+            self.mapped_tensors = n.value
+        elif self._m is not None:
             n = lib.ct_gpt_num_params(m)
             ctypes.memmove(lib.ct_gpt_params(m), lib.ct_gpt_params(self._m), n * 4)
+        if self._m is not None:
             lib.ct_gpt_free(self._m)
         self._m, self._batch, self._seq = m, nb, ns
 
@@ -203,6 +246,16 @@ class Model:
         return _generate.generate(self, input_ids, max_new_tokens, do_sample, temperature, top_k,
                                   top_p, seed, **kw)
 
+    def save_hf(self, path, dtype=None, arch=None):
+        """Write a Hugging Face directory (config.json + model.safetensors, or the source's
+        shards). dtype: None (the source's torch_dtype, or f32), "f32", "f16" or "bf16"."""
+        o = lib.ct_hf_save_options_default()
+        o.dtype = _DTYPES[dtype]
+        if arch is not None:
+            o.arch = {"llama": 1, "qwen2": 2, "mistral": 3}[arch]
+        check(lib.ct_hf_save(self._m, self._hf.h if self._hf else None, os.fsencode(path),
+                             ctypes.byref(o)))
+
     def loss_and_grads(self, tokens):
         """(mean next-token cross-entropy, {name: gradient}) of tokens [B, T + 1]."""
         ids = self._ids(tokens, extra=1)
@@ -215,9 +268,22 @@ class Model:
         return loss.value, {k: v.clone() for k, v in self._views(grads=True).items()}
 
 
-def load(path):
-    """A Model from a ctorch checkpoint (.safetensors with the "config" metadata)."""
+def load(path, mmap=True):
+    """A Model from a Hugging Face Llama-family directory (config.json + model.safetensors or
+    shards) or a ctorch checkpoint (.safetensors with the "config" metadata).
+
+    mmap (directories only): True (default) reads f32 weights in place from the mapped files
+    (no copy; the model is inference-only); False copies them into the model's own f32 buffers
+    (bf16 / f16 are converted either way), so loss_and_grads works."""
     from . import io
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        hf = _HfDir(path)
+        cfg = _config_dict(lib.ct_hf_get_config(hf.h).contents)
+        m = Model(cfg, _hf=hf, _mapped=mmap)
+        if not mmap:
+            check(lib.ct_hf_load_params(hf.h, m._m))
+        return m
     if os.path.isfile(path):
         with io.SafetensorsFile(path) as f:
             meta = f.metadata
@@ -228,4 +294,4 @@ def load(path):
             names = m.names()
             m.set_weights({k: torch.from_numpy(f.to(k, "f32").copy()) for k in names})
             return m
-    raise ValueError(f"ctorch.models.load: {path} is not a file")
+    raise ValueError(f"ctorch.models.load: {path} is neither a directory nor a file")

@@ -340,6 +340,10 @@ ct_status ct_gpt_tensor(ct_gpt *m, int i, const char **name, ct_tensor *param, c
                         m ? m->ntensors : 0);
     const gpt_tensor *t = &m->tensors[i];
     if (name) *name = t->name;
+    if (param && m->mapped)
+        return ct_error(CT_EINVAL,
+                        "ct_gpt_tensor: the weights of this model are mapped from a file (read "
+                        "them there)");
     if (param)
         CT_TRY(ct_tensor_wrap(param, m->params + t->offset, CT_DTYPE_F32, t->ndim, t->shape, NULL));
     if (grad)
@@ -355,6 +359,7 @@ void ct_gpt_zero_grad(ct_gpt *m)
 ct_status ct_gpt_init(ct_gpt *m, uint64_t seed)
 {
     if (!m) return ct_error(CT_EINVAL, "ct_gpt_init: m must not be NULL");
+    if (m->mapped) return ct_error(CT_EINVAL, "ct_gpt_init: the model's weights are mapped");
     ct_rng r;
     ct_rng_seed(&r, seed);
     float std = m->cfg.init_std > 0 ? m->cfg.init_std : 1.0f / sqrtf((float)m->cfg.d_model);
@@ -380,6 +385,7 @@ ct_status ct_gpt_init(ct_gpt *m, uint64_t seed)
 ct_status ct_gpt_load_params(ct_gpt *m, const ct_tensor_file *f)
 {
     if (!m || !f) return ct_error(CT_EINVAL, "ct_gpt_load_params: arguments must not be NULL");
+    if (m->mapped) return ct_error(CT_EINVAL, "ct_gpt_load_params: the model's weights are mapped");
     for (int i = 0; i < m->ntensors; i++) {
         const gpt_tensor *t = &m->tensors[i];
         size_t idx;
@@ -691,6 +697,9 @@ ct_status ct_gpt_forward_backward(ct_gpt *m, const int32_t *tokens, int64_t B, i
                                   float grad_scale, float *loss)
 {
     CT_TRY(load_batch(m, tokens, B, T, "ct_gpt_forward_backward"));
+    if (m->mapped)
+        return ct_error(CT_EINVAL, "ct_gpt_forward_backward: the model's weights are mapped from a "
+                                   "file (inference only: load them with ct_hf_load_params to train)");
     CT_TRY(forward_body(m, B, T));
     const ct_gpt_config *c = &m->cfg;
     int64_t N = B * T, C = c->d_model, E = gpt_E(m), H = c->n_head, K = c->n_kv_head;

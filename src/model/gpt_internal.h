@@ -64,6 +64,7 @@ struct ct_gpt {
     ct_block_mask *bm;
     int64_t bm_T; /* T of the cached causal block mask (0: none cached) */
     float *inv_freq; /* [E / 2] RoPE inverse frequencies (ct_gpt_rope_inv_freq) */
+    bool mapped;     /* weight views point into a mapped file (ct_hf_map_params): inference only */
 };
 
 /* Head dim of the model (cfg.head_dim or d_model / n_head). */

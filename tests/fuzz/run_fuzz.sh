@@ -39,6 +39,9 @@ for t in "${TARGETS[@]}"; do
     seeds="$BUILD/fuzz-seeds/jit_expr"
     /usr/bin/python3 tests/fuzz/make_corpus_jit.py "$seeds"
   fi
+  case $t in  # the Hugging Face JSON targets: seeds written by a script
+    fuzz_hf_*) seeds="$BUILD/fuzz-seeds/$t"; /usr/bin/python3 tests/fuzz/make_hf_corpus.py "$t" "$seeds" ;;
+  esac
   echo "== $t: ${SECONDS_PER_TARGET} s"
   if ! "$BUILD/$t" "$work" "$seeds" -max_total_time="$SECONDS_PER_TARGET" -max_len=65536 \
        -timeout=10 -rss_limit_mb=2048 -jobs="$JOBS" -workers="$JOBS" -print_final_stats=1 \

@@ -87,3 +87,206 @@ def test_bad_input():
         models.Model(dict(ref.ctorch_config(cfg), head_dim=7))
     with pytest.raises(Exception, match="rope_scaling"):
         models.Model(dict(ref.ctorch_config(cfg), rope_scaling="yarn"))
+
+
+# ---- Hugging Face directories -------------------------------------------------------------
+
+def rounded(w, dtype):
+    """The weights as the file holds them (bf16 / f16 rounding), back in f32."""
+    return {k: v.detach().to(dtype).to(torch.float32) for k, v in w.items()}
+
+
+@pytest.mark.parametrize("name,dtype,shards", [
+    ("llama", torch.float32, 1), ("llama-llama3-rope", torch.bfloat16, 3),
+    ("llama-linear-rope-bias", torch.float16, 1), ("qwen2", torch.float32, 2),
+    ("qwen2", torch.bfloat16, 1)])
+def test_hf_directory_logits_and_gradients(tmp_path, name, dtype, shards):
+    cfg = CONFIGS[name]
+    w = ref.random_weights(cfg, seed=5)
+    ref.save_hf(tmp_path, cfg, w, dtype=dtype, shards=shards)
+    wr = {k: v.requires_grad_() for k, v in rounded(w, dtype).items()}
+    ids = tokens(cfg, 2, 19, 4)
+    want = ref.forward(cfg, wr, ids).detach()
+    mapped = models.load(tmp_path)                # weights read in place where f32
+    copied = models.load(tmp_path, mmap=False)    # own f32 buffers, trainable
+    assert mapped.mapped_tensors == (len(w) if dtype == torch.float32 else 0)
+    a, b = mapped.forward(ids), copied.forward(ids)
+    assert torch.equal(a, b)                      # the same bits either way
+    ok, err = rel_close(a, want)
+    assert ok, f"logits: relative error {err:.2e}"
+    tok = tokens(cfg, 2, 17, 6)
+    loss = ref.loss(cfg, wr, tok)
+    loss.backward()
+    ours, grads = copied.loss_and_grads(tok)
+    assert abs(ours - loss.item()) <= 1e-5 * loss.item()
+    hg = ref.grads_to_hf(cfg, grads)
+    for k, p in wr.items():
+        ok, err = rel_close(hg[k], p.grad)
+        assert ok, f"{k}: relative error {err:.2e}"
+    with pytest.raises(Exception, match="mapped"):
+        mapped.loss_and_grads(tok)
+
+
+def read_dir(d):
+    """{tensor name: (dtype, shape, raw bytes)} of every safetensors file, and the files."""
+    import json
+    import struct
+    out, files = {}, {}
+    for fn in sorted(os.listdir(d)):
+        if not fn.endswith(".safetensors"):
+            continue
+        data = open(os.path.join(d, fn), "rb").read()
+        (n,) = struct.unpack("<Q", data[:8])
+        h = json.loads(data[8:8 + n])
+        h.pop("__metadata__", None)
+        for k, e in h.items():
+            b, end = e["data_offsets"]
+            out[k] = (e["dtype"], e["shape"], data[8 + n + b:8 + n + end])
+            files[k] = fn
+    return out, files
+
+
+@pytest.mark.parametrize("dtype,shards", [(torch.float32, 1), (torch.bfloat16, 3), (torch.float16, 2)])
+def test_hf_save_round_trip_is_bitwise(tmp_path, dtype, shards):
+    import json
+    cfg = CONFIGS["llama-llama3-rope"]
+    src, dst, again = tmp_path / "src", tmp_path / "dst", tmp_path / "again"
+    ref.save_hf(src, cfg, ref.random_weights(cfg, seed=8), dtype=dtype, shards=shards)
+    m = models.load(src, mmap=False)
+    m.save_hf(dst)
+    a, fa = read_dir(src)
+    b, fb = read_dir(dst)
+    assert a == b and fa == fb                    # names, dtypes, shapes, bytes and shards
+    ca, cb = json.load(open(src / "config.json")), json.load(open(dst / "config.json"))
+    assert ca == cb
+    if shards > 1:
+        ia = json.load(open(src / "model.safetensors.index.json"))
+        ib = json.load(open(dst / "model.safetensors.index.json"))
+        assert ia == ib
+    # and the saved directory loads to the same logits; a mapped model saves the same too
+    ids = tokens(cfg, 1, 9, 1)
+    m2 = models.load(dst)
+    assert torch.equal(m.forward(ids), m2.forward(ids))
+    m2.save_hf(again)
+    assert read_dir(again)[0] == a
+    # another dtype on request
+    m.save_hf(tmp_path / "f32", dtype="f32")
+    c, _ = read_dir(tmp_path / "f32")
+    assert {v[0] for v in c.values()} == {"F32"}
+    assert json.load(open(tmp_path / "f32" / "config.json"))["torch_dtype"] == "float32"
+
+
+def test_hf_save_from_a_ctorch_model(tmp_path):
+    """A model made in ctorch (no source directory) saved as Qwen2, read back by the reference."""
+    cfg = CONFIGS["qwen2"]
+    m = models.Model(ref.ctorch_config(cfg))
+    w = ref.random_weights(cfg, seed=2)
+    m.set_weights(ref.to_ctorch(cfg, w))
+    m.save_hf(tmp_path)
+    import json
+    c = json.load(open(tmp_path / "config.json"))
+    assert c["architectures"] == ["Qwen2ForCausalLM"] and c["num_key_value_heads"] == 1
+    t, _ = read_dir(tmp_path)
+    assert set(t) == set(w)
+    for k, v in w.items():
+        assert t[k][2] == v.numpy().tobytes(), k
+    ids = tokens(cfg, 1, 8, 3)
+    assert torch.equal(models.load(tmp_path).forward(ids), m.forward(ids))
+
+
+def hostile_cases():
+    """(mutation of config.json, text the error must contain)."""
+    return [
+        (lambda c: c.update(architectures=["GPT2LMHeadModel"]), "GPT2LMHeadModel"),
+        (lambda c: c.update(architectures="LlamaForCausalLM"), "architectures"),
+        (lambda c: c.update(model_type="qwen2"), "model_type"),
+        (lambda c: c.update(frobnicate=1), "frobnicate"),
+        (lambda c: c.pop("hidden_size"), "hidden_size"),
+        (lambda c: c.update(hidden_size=-4), "hidden_size"),
+        (lambda c: c.update(hidden_size=2 ** 40), "hidden_size"),
+        (lambda c: c.update(num_hidden_layers="2"), "num_hidden_layers"),
+        (lambda c: c.update(num_key_value_heads=3), "num_key_value_heads"),
+        (lambda c: c.update(head_dim=7), "head_dim"),
+        (lambda c: c.update(rms_norm_eps=-1.0), "rms_norm_eps"),
+        (lambda c: c.update(rope_theta=0), "rope_theta"),
+        (lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "yarn"),
+        (lambda c: c.update(rope_scaling={"rope_type": "llama3", "factor": 8.0}), "low_freq_factor"),
+        (lambda c: c.update(rope_scaling={"type": "linear", "factor": 2.0, "mscale": 1}), "rope_scaling.mscale"),
+        (lambda c: c.update(rope_scaling={"rope_type": "linear", "factor": 0}), "rope_scaling.factor"),
+        (lambda c: c.update(hidden_act="gelu"), "hidden_act"),
+        (lambda c: c.update(mlp_bias=True), "mlp_bias"),
+        (lambda c: c.update(torch_dtype="int8"), "torch_dtype"),
+        (lambda c: c.update(vocab_size=95), "embed_tokens"),           # shapes disagree with the file
+        (lambda c: c.update(tie_word_embeddings=True), "lm_head.weight"),  # untied file: lm_head differs
+        (lambda c: c.update(num_hidden_layers=3), "model.layers.2"),
+        (lambda c: c.update(num_hidden_layers=1), "model.layers.1"),   # an unknown tensor
+        (lambda c: c.update(eos_token_id=[]), "eos_token_id"),
+        (lambda c: c.update(sliding_window=4096), "sliding_window"),
+        (lambda c: c.update(quantization_config={"bits": 4}), "quantization_config"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(hostile_cases())))
+def test_hostile_config_is_refused_by_name(tmp_path, case):
+    import json
+    mutate, needle = hostile_cases()[case]
+    cfg = dict(CONFIGS["llama"])
+    ref.save_hf(tmp_path, cfg, ref.random_weights(cfg, seed=1))
+    c = json.load(open(tmp_path / "config.json"))
+    mutate(c)
+    json.dump(c, open(tmp_path / "config.json", "w"))
+    with pytest.raises(Exception, match=needle.replace(".", r"\.").replace("[", r"\[")):
+        models.load(tmp_path).forward(torch.tensor([[1, 2]]))
+
+
+def test_hostile_config_text(tmp_path):
+    cfg = CONFIGS["llama"]
+    ref.save_hf(tmp_path, cfg, ref.random_weights(cfg, seed=1))
+    for text, needle in [("{", "not JSON"), ("[1]", "object"), ('{"a": 1, "a": 2}', "not JSON"),
+                         ("x" * (2 << 20), "allowed")]:
+        (tmp_path / "config.json").write_text(text)
+        with pytest.raises(Exception, match=needle):
+            models.load(tmp_path)
+    os.remove(tmp_path / "config.json")
+    with pytest.raises(Exception, match="config.json"):
+        models.load(tmp_path)
+
+
+def index_cases():
+    return [
+        (lambda ix: ix.update(extra=1), "extra"),
+        (lambda ix: ix.pop("weight_map"), "weight_map"),
+        (lambda ix: ix.update(weight_map={}), "weight_map"),
+        (lambda ix: ix["weight_map"].update({"model.norm.weight": "../model-00001-of-00002.safetensors"}), "model.norm.weight"),
+        (lambda ix: ix["weight_map"].update({"model.norm.weight": "/etc/passwd"}), "model.norm.weight"),
+        (lambda ix: ix["weight_map"].update({"model.norm.weight": ".hidden.safetensors"}), "model.norm.weight"),
+        (lambda ix: ix["weight_map"].update({"model.norm.weight": 3}), "model.norm.weight"),
+        (lambda ix: ix["weight_map"].update({"model.norm.weight": "missing.safetensors"}), "missing.safetensors"),
+        (lambda ix: ix["weight_map"].pop("model.norm.weight"), "model.norm.weight"),
+        (lambda ix: ix["weight_map"].update({"model.extra.weight": "model-00001-of-00002.safetensors"}), "model.extra.weight"),
+        (lambda ix: ix["weight_map"].update({k: "model-00002-of-00002.safetensors" if v.startswith("model-00001") else "model-00001-of-00002.safetensors" for k, v in ix["weight_map"].items() if k == "model.embed_tokens.weight"}), "model.embed_tokens.weight"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(index_cases())))
+def test_hostile_index_is_refused_by_name(tmp_path, case):
+    import json
+    mutate, needle = index_cases()[case]
+    cfg = CONFIGS["llama"]
+    ref.save_hf(tmp_path, cfg, ref.random_weights(cfg, seed=1), shards=2)
+    ix = json.load(open(tmp_path / "model.safetensors.index.json"))
+    mutate(ix)
+    json.dump(ix, open(tmp_path / "model.safetensors.index.json", "w"))
+    with pytest.raises(Exception, match=needle.replace(".", r"\.")):
+        models.load(tmp_path)
+
+
+def test_tied_lm_head_equal_to_the_embedding_is_accepted(tmp_path):
+    cfg = CONFIGS["qwen2"]
+    w = ref.random_weights(cfg, seed=1)
+    w["lm_head.weight"] = w["model.embed_tokens.weight"].clone()
+    ref.save_hf(tmp_path, cfg, w)
+    ids = tokens(cfg, 1, 5, 1)
+    del w["lm_head.weight"]
+    ok, err = rel_close(models.load(tmp_path).forward(ids), ref.forward(cfg, w, ids))
+    assert ok, err
