@@ -87,6 +87,15 @@ lib.ct_hf_map_params.argtypes = [_vp, _vp, _P(ctypes.c_int)]
 lib.ct_hf_num_shards.argtypes = [_vp]
 
 
+class _HfInfo(ctypes.Structure):
+    _fields_ = [("arch", ctypes.c_int), ("dtype", ctypes.c_int), ("bos_token", ctypes.c_int32),
+                ("eos_token", ctypes.c_int32)]
+
+
+lib.ct_hf_get_info.argtypes = [_vp]
+lib.ct_hf_get_info.restype = _P(_HfInfo)
+
+
 class _HfSaveOptions(ctypes.Structure):
     _fields_ = [("dtype", ctypes.c_int), ("arch", ctypes.c_int)]
 
@@ -283,6 +292,9 @@ def load(path, mmap=True):
         m = Model(cfg, _hf=hf, _mapped=mmap)
         if not mmap:
             check(lib.ct_hf_load_params(hf.h, m._m))
+        info = lib.ct_hf_get_info(hf.h).contents
+        m.eos_token_id = info.eos_token if info.eos_token >= 0 else None
+        m.bos_token_id = info.bos_token if info.bos_token >= 0 else None
         return m
     if os.path.isfile(path):
         with io.SafetensorsFile(path) as f:
