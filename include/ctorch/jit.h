@@ -19,7 +19,7 @@
  *   postfix := primary { '[' expr { ',' expr } ']' }
  *   primary := INT | FLOAT | NAME | NAME '(' [ expr { ',' expr } ] ')' | '(' expr ')'
  * Names: score (the score, f32; score mods only), b, h, q, kv (int64; q_idx and kv_idx are
- * accepted too), true, false, and the bound arrays. An array of n dims is indexed with n
+ * accepted too), true, false, inf (a float), and the bound arrays. An array of n dims is indexed with n
  * indices, a[i, j] or a[i][j] (an array of 0 dims is used by its name). Functions: exp log
  * tanh sigmoid sqrt abs min max clamp(x, lo, hi) where(c, a, b) float(x) int(x).
  * Types: int (int64), float (f32) and bool. int op float is float; bool in arithmetic is int.

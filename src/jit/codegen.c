@@ -5,6 +5,7 @@
  * in the mod's check callback). */
 #include "jit/jit_internal.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -97,7 +98,8 @@ static void emit_nodes(sbuf *b, const jir *ir, const bool *need, const char *ind
         static const char *vars[] = {"score", "b", "h", "q", "kv"};
         switch ((jop)n->op) {
         case J_CONST:
-            if (fl) put(b, "%af", (double)(float)n->fv);
+            if (fl && isinf(n->fv)) put(b, n->fv > 0 ? "INFINITY" : "(-INFINITY)");
+            else if (fl) put(b, "%af", (double)(float)n->fv);
             else if (n->t == JT_BOOL) put(b, "%d", n->iv != 0);
             else if (n->iv == INT64_MIN) put(b, "(-INT64_MAX - 1)");
             else put(b, "INT64_C(%lld)", (long long)n->iv);

@@ -401,6 +401,12 @@ static ct_status primary(parser *p, int *out)
             *out = r;
             return CT_OK;
         }
+    if (!strcmp(name, "inf")) {
+        int r = jir_node(p->ir, J_CONST, JT_FLOAT, 0, NULL, 0, INFINITY, -1);
+        if (r < 0) return p->failed = true, CT_EINVAL;
+        *out = r;
+        return CT_OK;
+    }
     if (!strcmp(name, "true") || !strcmp(name, "false")) {
         int r = jir_node(p->ir, J_CONST, JT_BOOL, 0, NULL, name[0] == 't', 0, -1);
         if (r < 0) return p->failed = true, CT_EINVAL;
@@ -525,7 +531,7 @@ ct_status jit_parse(const char *fn, const char *src, bool is_mask, const ct_jit_
         return ct_error(CT_EINVAL, "%s: need 0 .. %d bindings (and a bindings array), got %d", fn,
                         CT_JIT_MAX_ARRAYS, nbind);
     static const char *reserved[] = {"score", "b", "h", "q", "kv", "q_idx", "kv_idx", "true",
-                                     "false", "exp", "log", "tanh", "sigmoid", "sqrt", "floor",
+                                     "false", "inf", "exp", "log", "tanh", "sigmoid", "sqrt", "floor",
                                      "abs", "min", "max", "clamp", "where", "float", "int"};
     for (int i = 0; i < nbind; i++) {
         const ct_jit_binding *b = &bind[i];

@@ -6,3 +6,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
 import torch  # noqa: E402,F401  (PyTorch is the oracle: an ImportError here fails the run)
+
+# Compiled mods (docs/compile.md) cache their kernels: never in the user's real cache.
+import tempfile  # noqa: E402
+
+os.environ["CT_CACHE_DIR"] = tempfile.mkdtemp(prefix="ctorch-test-cache-")

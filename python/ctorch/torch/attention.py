@@ -14,6 +14,7 @@ import math
 import torch
 
 from .._lib import check, lib
+from . import _trace
 
 _P = ctypes.POINTER
 _vp = ctypes.c_void_p
@@ -363,8 +364,10 @@ def _py_tile(fn, errors):
 def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, BLOCK_SIZE=128, device="cpu"):
     """Block mask of ``mask_mod`` (a MaskMod from mask_mods, a name such as "causal", or a
     Python function ``(b, h, q_idx, kv_idx) -> bool tensor`` as in PyTorch). B / H None mean
-    broadcast. Built-ins cost O(blocks); a Python mask_mod is called once per block on index
-    tensors (q_idx [n, 1], kv_idx [1, m], b and h 0-dim) and its partial blocks are stored, so
+    broadcast. Built-ins cost O(blocks); a Python mask_mod is traced and compiled to a native
+    kernel (docs/compile.md: O(blocks) too, IndexError when an index can leave a captured
+    tensor); one that cannot be traced is called once per block on index tensors (q_idx [n, 1],
+    kv_idx [1, m], b and h 0-dim), with a warning, and its partial blocks are stored, so
     attention never calls back into Python."""
     if isinstance(BLOCK_SIZE, (tuple, list)):
         if len(set(BLOCK_SIZE)) != 1:
@@ -381,6 +384,8 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, BLOCK_SIZE=128, device="cpu
     keep = ()
     if isinstance(mask_mod, MaskMod):
         c = mask_mod._c
+    elif callable(mask_mod) and (cm := _trace.compile_mask_mod(mask_mod, B, H, Q_LEN, KV_LEN)):
+        c, keep = cm._c, (cm,)  # traced and compiled: O(blocks), no Python in the loop
     elif callable(mask_mod):
         cb = _py_tile(mask_mod, errors)
         c = _MaskMod(ctypes.cast(cb, _vp).value, None, None, None, B is not None and B > 1,
@@ -543,7 +548,10 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
                    return_lse=False, kernel_options=None):
     """torch.nn.attention.flex_attention on the CPU with a backward. query [B, Hq, L, E],
     key [B, Hkv, S, E], value [B, Hkv, S, Ev]; Hq != Hkv needs enable_gqa=True (any multiple).
-    score_mod: None or one of score_mods; block_mask: from create_block_mask (None: dense).
+    score_mod: None, one of score_mods, or a function ``(score, b, h, q_idx, kv_idx) -> score``
+    as in PyTorch, traced and compiled to a native kernel (docs/compile.md; captured float32
+    tensors that require grad get gradients; TraceError names what cannot be traced);
+    block_mask: from create_block_mask (None: dense).
     Returns out [B, Hq, L, Ev] (and lse [B, Hq, L] f32 with return_lse; fully masked rows give
     out 0 and lse -inf). f32 and bf16 run natively (bf16 with f32 accumulation); other float
     dtypes are computed in f32."""
@@ -555,8 +563,11 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     if Hq % Hkv:
         raise ValueError(f"flex_attention: query heads ({Hq}) must be a multiple of key/value heads ({Hkv})")
     if score_mod is not None and not isinstance(score_mod, ScoreMod):
-        raise TypeError("flex_attention: score_mod must be None or one of ctorch.torch.score_mods "
-                        "(softcap, alibi, relative_bias)")
+        if not callable(score_mod):
+            raise TypeError("flex_attention: score_mod must be None, a function (score, b, h, q_idx, "
+                            "kv_idx) -> score, or one of ctorch.torch.score_mods")
+        score_mod = _trace.compile_score_mod(score_mod)  # traced, compiled (cached) and checked
+        score_mod.check_sizes(query.shape[0], Hq, query.shape[2], key.shape[2])
     if block_mask is not None and not isinstance(block_mask, BlockMask):
         raise TypeError("flex_attention: block_mask must come from ctorch.torch.create_block_mask")
     dt = query.dtype
