@@ -106,7 +106,9 @@ CT_API ct_status ct_mask_mod_prefix_lm(int64_t prefix_len, ct_mask_mod *out);
  *  [batch, kv_len] (kv_doc NULL: the same array as q_doc, kv_len must equal q_len); batch 1
  *  shares the ids across batches. The ids are copied. Non-decreasing ids (packed sequences)
  *  classify blocks in O(1); other ids are evaluated per block. Combine with causal through
- *  ct_mask_mod_and for causal document masking. */
+ *  ct_mask_mod_and for causal document masking. A block mask made from it (alone or inside
+ *  and/or/not) needs batch == 1 or batch >= B, q_len >= Q_LEN and kv_len >= KV_LEN: else
+ *  ct_block_mask_create fails with CT_EINVAL (the ids would be read past their end). */
 CT_API ct_status ct_mask_mod_document(const int32_t *q_doc, const int32_t *kv_doc, int64_t batch,
                                       int64_t q_len, int64_t kv_len, ct_mask_mod *out);
 /** Every pair attends (PyTorch's noop_mask). */

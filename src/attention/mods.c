@@ -336,8 +336,26 @@ ct_status ct_mask_mod_not(const ct_mask_mod *m, ct_mask_mod *out)
     return make_comb(COMB_NOT, m, m ? 1 : 0, out, "ct_mask_mod_not");
 }
 
+/* A document mask reads ids[b][q] and ids[b][kv]: the ids must cover the block mask's
+ * batches (or be shared: batch 1) and lengths. */
+static ct_status doc_check(const doc *c, int64_t B, int64_t L, int64_t S)
+{
+    if (c->batch != 1 && c->batch < B)
+        return ct_error(CT_EINVAL,
+                        "ct_block_mask_create: the document mask has ids for %lld batches, "
+                        "fewer than B = %lld (give one row per batch, or one shared row)",
+                        (long long)c->batch, (long long)B);
+    if (c->q_len < L || c->kv_len < S)
+        return ct_error(CT_EINVAL,
+                        "ct_block_mask_create: the document mask has ids for %lld queries and "
+                        "%lld keys, fewer than Q_LEN = %lld / KV_LEN = %lld",
+                        (long long)c->q_len, (long long)c->kv_len, (long long)L, (long long)S);
+    return CT_OK;
+}
+
 ct_status at_mask_check(const ct_mask_mod *m, int64_t B, int64_t H, int64_t L, int64_t S)
 {
+    if (m->tile == doc_tile) return doc_check(m->ctx, B, L, S);
     if (m->tile == comb_tile) {
         const comb *c = m->ctx;
         for (int k = 0; k < c->n; k++)

@@ -180,6 +180,33 @@ static void test_bad_args(void)
     CHECK_STATUS(ct_mask_mod_document(NULL, NULL, 1, 4, 4, &m), CT_EINVAL);
     CHECK_STATUS(ct_mask_mod_document(ids, NULL, 1, 4, 3, &m), CT_EINVAL);
     CHECK_STATUS(ct_mask_mod_document(ids, NULL, 0, 4, 4, &m), CT_EINVAL);
+    /* ids shorter than the block mask's lengths, or fewer rows than its batches: refused
+     * (they were read past their end), also inside a combination */
+    {
+        int32_t two[8] = {0, 0, 1, 1, 0, 1, 1, 1};
+        ct_mask_mod d1, d2, cz, both;
+        bm = NULL;
+        CHECK_OK(ct_mask_mod_document(two, NULL, 1, 4, 4, &d1));
+        CHECK_OK(ct_mask_mod_document(two, NULL, 2, 4, 4, &d2));
+        CHECK_STATUS(ct_block_mask_create(&d1, 1, 1, 5, 4, 4, &bm), CT_EINVAL);
+        CHECK(strstr(ct_last_error(), "Q_LEN = 5"));
+        CHECK_STATUS(ct_block_mask_create(&d1, 1, 1, 4, 9, 4, &bm), CT_EINVAL);
+        CHECK_STATUS(ct_block_mask_create(&d2, 3, 1, 4, 4, 4, &bm), CT_EINVAL);
+        CHECK(strstr(ct_last_error(), "2 batches, fewer than B = 3"));
+        CHECK_OK(ct_mask_mod_causal(&cz));
+        ct_mask_mod kids[2] = {cz, d2};
+        CHECK_OK(ct_mask_mod_and(kids, 2, &both));
+        CHECK_STATUS(ct_block_mask_create(&both, 3, 2, 4, 4, 4, &bm), CT_EINVAL);
+        CHECK_OK(ct_block_mask_create(&both, 2, 2, 4, 4, 4, &bm)); /* fits */
+        ct_block_mask_free(bm);
+        bm = NULL;
+        CHECK_OK(ct_block_mask_create(&d1, 7, 1, 3, 4, 4, &bm)); /* shared, shorter q */
+        ct_block_mask_free(bm);
+        ct_mask_mod_free(&both);
+        ct_mask_mod_free(&cz);
+        ct_mask_mod_free(&d2);
+        ct_mask_mod_free(&d1);
+    }
     CHECK_STATUS(ct_mask_mod_and(&causal, 0, &m), CT_EINVAL);
     CHECK_STATUS(ct_mask_mod_or(NULL, 2, &m), CT_EINVAL);
     CHECK_STATUS(ct_mask_mod_not(NULL, &m), CT_EINVAL);

@@ -14,6 +14,7 @@ import math
 import torch
 
 from .._lib import check, lib
+from . import _checks as C
 from . import _trace
 
 _P = ctypes.POINTER
@@ -110,13 +111,26 @@ class MaskMod:
     """A built-in mask_mod: evaluated in C (classified per block in O(1)), and callable as a
     PyTorch mask_mod ``(b, h, q_idx, kv_idx) -> bool tensor`` (for references and create_mask)."""
 
-    def __init__(self, name, make, fn, children=(), keep=()):
+    def __init__(self, name, make, fn, children=(), keep=(), needs=None):
         self.name = name
         self._fn = fn
         self._children = tuple(children)  # their C contexts are referenced by ours
         self._keep = keep
+        self._needs = needs  # (batch rows or None when shared, q ids, kv ids) a mod reads
         self._c = _MaskMod()
         check(make(ctypes.byref(self._c)))
+
+    def check(self, B, H, Q_LEN, KV_LEN, fn="create_block_mask"):
+        """Raise what evaluating this mask_mod on the grid would raise in PyTorch (IndexError
+        for ids shorter than Q_LEN / KV_LEN or fewer rows than B), before C reads them."""
+        if self._needs is not None:
+            rows, lq, lk = self._needs
+            if rows is not None:
+                C.index_bound(fn, "document ids", rows, B, "batch rows (one per batch, or one shared)")
+            C.index_bound(fn, "document ids", lq, Q_LEN, "query positions")
+            C.index_bound(fn, "kv document ids", lk, KV_LEN, "key positions")
+        for m in self._children:
+            m.check(B, H, Q_LEN, KV_LEN, fn)
 
     def __call__(self, b, h, q_idx, kv_idx):
         return self._fn(b, h, q_idx, kv_idx)
@@ -132,11 +146,28 @@ class MaskMod:
 
 def _as_ids(ids):
     ids = torch.as_tensor(ids)
+    if ids.is_complex():
+        C.fail(RuntimeError, "mask_mods.document", f"document ids must be real, got {ids.dtype}")
     if ids.dim() == 1:
         ids = ids.unsqueeze(0)
     if ids.dim() != 2:
         raise ValueError(f"document ids must be [L] or [B, L], got shape {tuple(ids.shape)}")
-    return ids.to(torch.int32).contiguous()
+    return ids
+
+
+def _int32_ids(qd, kd):
+    """q and kv ids as int32 with the same equalities and order (the C mask compares them):
+    int32 as they are, any other dtype through their ranks among the values of both, so
+    nothing is truncated (2.7 and 2.2 stay different documents)."""
+    if qd.dtype == torch.int32 and kd.dtype == torch.int32:
+        return qd.contiguous(), kd.contiguous()
+    both = torch.cat([qd.reshape(-1), kd.reshape(-1)])
+    if both.is_floating_point() and bool(torch.isnan(both).any()):
+        C.fail(RuntimeError, "mask_mods.document", "document ids must not be NaN")
+    _, rank = torch.unique(both, sorted=True, return_inverse=True)
+    rank = rank.to(torch.int32)
+    return (rank[:qd.numel()].reshape(qd.shape).contiguous(),
+            rank[qd.numel():].reshape(kd.shape).contiguous())
 
 
 class mask_mods:
@@ -180,14 +211,16 @@ class mask_mods:
         if kd.shape[0] != qd.shape[0]:
             raise ValueError("doc_ids and kv_doc_ids must have the same batch dim")
         nb, lq, lk = qd.shape[0], qd.shape[1], kd.shape[1]
-        qf, kf = qd.long(), kd.long()
+        qf, kf = qd, kd  # the reference compares the ids as given
+        qd, kd = _int32_ids(qd, kd)
 
         def fn(b, h, q, kv):
             bb = torch.as_tensor(b) if nb > 1 else torch.zeros((), dtype=torch.long)
             return qf[bb, q] == kf[bb, kv]
 
         return MaskMod("document", lambda out: lib.ct_mask_mod_document(
-            qd.data_ptr(), kd.data_ptr(), nb, lq, lk, out), fn, keep=(qd, kd))
+            qd.data_ptr(), kd.data_ptr(), nb, lq, lk, out), fn, keep=(qd, kd),
+            needs=(nb if nb > 1 else None, lq, lk))
 
     @staticmethod
     def and_masks(*mods):
@@ -379,6 +412,8 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, BLOCK_SIZE=128, device="cpu
         mask_mod = _BY_NAME[mask_mod]()
     if mask_mod is None:
         mask_mod = mask_mods.noop()
+    if isinstance(mask_mod, MaskMod):
+        mask_mod.check(1 if B is None else int(B), 1 if H is None else int(H), int(Q_LEN), int(KV_LEN))
     o = _BlockMaskOptions(int(BLOCK_SIZE), False)
     errors = []
     keep = ()
@@ -398,6 +433,7 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, BLOCK_SIZE=128, device="cpu
     check(lib.ct_block_mask_create_ex(ctypes.byref(c), 1 if B is None else int(B), 1 if H is None else int(H),
                                       int(Q_LEN), int(KV_LEN), ctypes.byref(o), ctypes.byref(out)))
     bm = BlockMask(out, mask_mod, keep)
+    bm._made_for = (1 if B is None else int(B), 1 if H is None else int(H), int(Q_LEN), int(KV_LEN))
     if errors:
         raise errors[0]
     return bm
@@ -544,6 +580,26 @@ class _FlexAttention(torch.autograd.Function):
         return dq, dk, dv, dparam, None, None, None
 
 
+def check_flex_inputs(fn, query, key, value, block_mask=None):
+    """The checks every attention entry point shares (flex_attention; compiled mods call it
+    too): tensors on the CPU of a floating dtype (integers fail as the softmax of PyTorch's
+    reference does), and a block mask made for these queries: its B and H 1 or equal to
+    query's (broadcasting, else RuntimeError as PyTorch's masked_fill), its Q_LEN / KV_LEN
+    equal to L and S."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        C.floating(fn, name, t)
+    if block_mask is None or not isinstance(block_mask, BlockMask) or query.dim() != 4 or key.dim() != 4:
+        return
+    B, H, L, S = query.shape[0], query.shape[1], query.shape[2], key.shape[2]
+    mB, mH, mL, mS = getattr(block_mask, "_made_for", block_mask.shape)
+    if mB not in (1, B) or mH not in (1, H):
+        C.fail(RuntimeError, fn, f"the block mask was made for B={mB}, H={mH} but query has B={B}, H={H} (a "
+                                 f"block mask's B and H must be 1 (broadcast) or match)")
+    if (mL, mS) != (L, S):
+        C.fail(RuntimeError, fn, f"the block mask was made for Q_LEN={mL}, KV_LEN={mS} but query has {L} "
+                                 f"positions and key {S}")
+
+
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
                    return_lse=False, kernel_options=None):
     """torch.nn.attention.flex_attention on the CPU with a backward. query [B, Hq, L, E],
@@ -555,6 +611,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     Returns out [B, Hq, L, Ev] (and lse [B, Hq, L] f32 with return_lse; fully masked rows give
     out 0 and lse -inf). f32 and bf16 run natively (bf16 with f32 accumulation); other float
     dtypes are computed in f32."""
+    check_flex_inputs("flex_attention", query, key, value, block_mask)
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         raise ValueError("flex_attention: query, key and value must be 4-D [B, H, L, E]")
     Hq, Hkv = query.shape[1], key.shape[1]

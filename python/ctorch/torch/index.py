@@ -18,6 +18,7 @@ import math
 import torch
 
 from .._lib import as_c, check, lib, ptr
+from . import _checks as C
 
 _I64, _VP, _I, _B = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_bool
 _DT_I32, _DT_I64 = 7, 8
@@ -58,7 +59,7 @@ class _Rows:
     def __init__(self, shape, dim):
         self.scalar = len(shape) == 0
         shape = tuple(shape) or (1,)
-        self.dim = dim % len(shape)
+        self.dim = C.dim("ctorch.torch.index", dim, len(shape))
         self.lead = shape[:self.dim] + shape[self.dim + 1:]
         self.N, self.C = math.prod(self.lead), shape[self.dim]
 
@@ -85,8 +86,7 @@ def _empty(*shape, dtype=torch.float32):
 # ---- embedding --------------------------------------------------------------------------------
 
 def _ids(ids):
-    if ids.dtype not in (torch.int64, torch.int32):
-        ids = ids.long()
+    C.id_tensor("embedding", "indices", ids)
     ids = ids.contiguous()
     return ids, _DT_I64 if ids.dtype == torch.int64 else _DT_I32
 
@@ -120,15 +120,18 @@ def embedding(input, weight, padding_idx=None):
     """F.embedding(input, weight, padding_idx): rows of weight [V, D] picked by the integer
     ids in input (any shape); the gradient skips ids equal to padding_idx and is summed
     in token order, the same bits for any thread count."""
+    C.id_tensor("embedding", "indices", input)
+    C.floating("embedding", "weight", weight)
     if weight.dim() != 2:
-        raise ValueError(f"weight must be [V, D], got shape {tuple(weight.shape)}")
+        C.fail(RuntimeError, "embedding", f"'weight' must be 2-D, got shape {tuple(weight.shape)}")
     V = weight.shape[0]
     if padding_idx is None:
         pad = -1
     elif -V <= padding_idx < V:
         pad = padding_idx + V if padding_idx < 0 else padding_idx
     else:
-        raise ValueError(f"padding_idx must be within [-{V}, {V}), got {padding_idx}")
+        C.fail(AssertionError, "embedding", f"Padding_idx must be within num_embeddings: [-{V}, {V}), got "
+                                            f"{padding_idx}")
     return _Embedding.apply(input, weight, pad)
 
 
@@ -149,7 +152,8 @@ class _Select(torch.autograd.Function):
     def forward(ctx, x, dim, k, flag, stable_or_sorted):
         rows = _Rows(x.shape, dim)
         if k is not None and not 0 <= k <= rows.C:
-            raise ValueError(f"k = {k} must be in [0, {rows.C}] (the size of dim {dim})")
+            C.fail(RuntimeError, "topk", f"selected index k out of range: k = {k} must be in [0, {rows.C}] (the "
+                                         f"size of dim {dim})")
         K = rows.C if k is None else k
         xr = rows.to_rows(x)
         vals, idx = _empty(rows.N, K), _empty(rows.N, K, dtype=torch.int64)
@@ -197,12 +201,14 @@ def _narrow_slices(index, dim, ndim):
 
 
 def _check_index(name, t, index, dim, what="input"):
+    C.int64_index(name, "index", index)
     if index.dim() != t.dim():
-        raise ValueError(f"{name}: index has {index.dim()} dims, {what} has {t.dim()}")
+        C.fail(RuntimeError, name, f"Index tensor must have the same number of dimensions as {what} tensor "
+                                   f"(index has {index.dim()}, {what} has {t.dim()})")
     for d in range(t.dim()):
         if d != dim and index.shape[d] > t.shape[d]:
-            raise ValueError(f"{name}: index size {index.shape[d]} > {what} size {t.shape[d]} "
-                             f"at dim {d}")
+            C.fail(RuntimeError, name, f"Size does not match at dimension {d}: index size {index.shape[d]} > "
+                                       f"{what} size {t.shape[d]}")
 
 
 def _gather_rows(xr, rows, idx):
@@ -235,9 +241,10 @@ class _Gather(torch.autograd.Function):
 
 def gather(input, dim, index):
     """torch.gather(input, dim, index); the backward is a deterministic scatter-add."""
+    C.tensor("gather", "input", input)
     if input.dim() == 0:
-        raise ValueError("gather: input must have at least 1 dim")
-    dim = dim % input.dim()
+        C.fail(RuntimeError, "gather", "input must have at least 1 dim")
+    dim = C.dim("gather", dim, input.dim())
     _check_index("gather", input, index, dim)
     return _Gather.apply(input, dim, index)
 
@@ -275,9 +282,10 @@ class _ScatterAdd(torch.autograd.Function):
 def scatter_add(input, dim, index, src):
     """torch.scatter_add(input, dim, index, src) (out of place); duplicates are added in
     index order, so the result is deterministic."""
+    C.tensor("scatter_add", "input", input)
     if input.dim() == 0:
-        raise ValueError("scatter_add: input must have at least 1 dim")
-    dim = dim % input.dim()
+        C.fail(RuntimeError, "scatter_add", "input must have at least 1 dim")
+    dim = C.dim("scatter_add", dim, input.dim())
     _check_index("scatter_add", input, index, dim)
     _check_index("scatter_add", src, index, -1, "src")  # on every dim
     return _ScatterAdd.apply(input, dim, index, src)
@@ -332,7 +340,8 @@ class _Extreme(torch.autograd.Function):
     def forward(ctx, x, dim, keepdim, largest):
         rows = _Rows(x.shape, dim)
         if rows.C == 0 and rows.N:
-            raise ValueError(f"{'max' if largest else 'min'}: dim {dim} has size 0")
+            nm = 'max' if largest else 'min'
+            C.fail(IndexError, nm, f"{nm}(): Expected reduction dim {rows.dim} to have non-zero size.")
         vals, idx = _empty(rows.N, 1), _empty(rows.N, 1, dtype=torch.int64)
         xr = rows.to_rows(x)
         fn = lib.ct_max_rows if largest else lib.ct_min_rows
@@ -371,7 +380,7 @@ def argmax(input, dim=None, keepdim=False):
         rows = _Rows(x.shape, dim)
         xr = rows.to_rows(x)
     if rows.C == 0 and rows.N:
-        raise ValueError("argmax: the reduced dim has size 0")
+        C.fail(IndexError, "argmax", f"argmax(): Expected reduction dim {rows.dim} to have non-zero size.")
     idx = _empty(rows.N, 1, dtype=torch.int64)
     check(lib.ct_argmax_rows(_p(idx), _p(xr), rows.N, rows.C))
     if dim is None:

@@ -5,6 +5,7 @@ import ctypes
 import torch
 
 from .._lib import as_c, check, lib, ptr
+from . import _checks as C
 
 _REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
 _DT = {torch.float32: 0, torch.bfloat16: 3, torch.int64: 8, torch.int32: 7}
@@ -67,12 +68,6 @@ def _options(reduction, ignore_index, label_smoothing, weight, z_loss, softcap, 
     return o
 
 
-def _target(target):
-    if target.dtype not in (torch.int64, torch.int32):
-        target = target.long()
-    return target.contiguous()
-
-
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, w, b, target, cw, reduction, ignore_index, label_smoothing, z_loss, softcap,
@@ -83,13 +78,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         hc = as_c(h.reshape(-1, D), work)
         wc = as_c(w, work)
         bc = as_c(b, torch.float32)
-        tc = _target(target.reshape(-1))
+        tc = target  # checked and flattened by linear_cross_entropy (_checks.class_targets)
         cwc = as_c(cw, torch.float32)
         N, V = hc.shape[0], wc.shape[0]
-        if tc.numel() != N:
-            raise ValueError(f"target has {tc.numel()} elements, input has {N} rows")
-        if wc.shape[1] != D:
-            raise ValueError(f"linear_weight is {tuple(wc.shape)}, expected [V, {D}]")
         o = _options(reduction, ignore_index, label_smoothing, cwc, z_loss, softcap, scratch_bytes)
         inp = LceInputs(_p(hc), _p(wc), _p(bc), _DT[work], _p(tc), _DT[tc.dtype], N, D, V)
         shape = (N,) if reduction == "none" else ()
@@ -147,13 +138,64 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return dh, dw, db, None, None, None, None, None, None, None, None
 
 
+def _empty_loss(rows, reduction, lead):
+    """The loss of zero rows, as PyTorch gives it: [0]-shaped for "none", 0 for "sum", NaN for
+    "mean" (0 / 0); connected to the graph so backward works (zero gradients)."""
+    if reduction == "none":
+        return (rows.sum(-1) * 0).reshape(lead)
+    z = rows.sum() * 0
+    return z if reduction == "sum" else z / 0.0
+
+
+def _lce_targets(fn, target, lead, V, ignore_index, like):
+    """Targets of the fused loss: one class index per row of input ([*lead] or flat [N])."""
+    C.tensor(fn, "target", target)
+    N = 1
+    for s in lead:
+        N *= s
+    if target.is_floating_point() and tuple(target.shape) == (*lead, V):
+        C.class_targets(fn, target, (*lead, V), V, ignore_index, like.dtype)  # raises: probabilities
+    t = target
+    if target.dim() == len(lead) and tuple(target.shape) == tuple(lead):
+        t = target.reshape(-1)
+    elif target.dim() > 1:
+        C.fail(RuntimeError, fn, f"0D or 1D target tensor expected, multi-target not supported (target "
+                                 f"{tuple(target.shape)} for input rows {tuple(lead)})")
+    return C.class_targets(fn, t, (N, V), V, -100 if ignore_index is None else ignore_index, like.dtype)
+
+
 def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weight=None, reduction="mean",
                          ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=None,
                          return_z_loss=False, scratch_bytes=None):
     """cross_entropy(linear(input, linear_weight, linear_bias), target, ...) without holding
     the logits. ``weight`` is the per-class weight, as in F.cross_entropy. With
-    ``return_z_loss`` returns (loss, z_term); the z term is already part of loss."""
-    loss, z = _LinearCrossEntropy.apply(input, linear_weight, linear_bias, target, weight, reduction,
+    ``return_z_loss`` returns (loss, z_term); the z term is already part of loss.
+    input [..., D] and linear_weight [V, D] share one floating dtype (f32 and bf16 run
+    natively, others in f32); target holds one class index per row of input. Every misuse
+    raises what F.cross_entropy(F.linear(...)) raises (ctorch.torch._checks)."""
+    fn = "linear_cross_entropy"
+    C.floating(fn, "input", input)
+    C.floating(fn, "linear_weight", linear_weight)
+    C.same_dtype(fn, "linear_weight", linear_weight, "input", input)
+    if input.dim() < 1:
+        C.fail(RuntimeError, fn, "both arguments to matmul need to be at least 1D (input is 0-D)")
+    C.dims(fn, "linear_weight", linear_weight, (2,))
+    D = input.shape[-1]
+    V, Dw = linear_weight.shape
+    lead = tuple(input.shape[:-1])
+    if Dw != D:
+        C.fail(RuntimeError, fn, f"mat1 and mat2 shapes cannot be multiplied ({input.numel() // max(D, 1)}x{D} "
+                                 f"and {Dw}x{V}): linear_weight must be [V, {D}]")
+    C.reduction(fn, reduction)
+    bias = C.linear_bias(fn, linear_bias, V, input)
+    C.class_weight(fn, weight, V, input)
+    tc = _lce_targets(fn, target, lead, V, ignore_index, input)
+    if tc.numel() == 0:
+        loss = _empty_loss(input.reshape(-1, D) if D else input.reshape(0, 1), reduction,
+                           lead if reduction == "none" else ())
+        loss = loss + (linear_weight.sum() * 0).to(loss.dtype)
+        return (loss, torch.zeros_like(loss.detach())) if return_z_loss else loss
+    loss, z = _LinearCrossEntropy.apply(input, linear_weight, bias, tc, weight, reduction,
                                         ignore_index, label_smoothing, z_loss, softcap, scratch_bytes)
     return (loss, z) if return_z_loss else loss
 
@@ -179,7 +221,7 @@ class _CrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, cw, reduction, ignore_index, label_smoothing, z_loss, softcap):
         lc = as_c(logits, torch.float32)
-        tc = _target(target)
+        tc = target  # checked and flattened by cross_entropy (_checks.class_targets)
         cwc = as_c(cw, torch.float32)
         N, V = lc.shape
         o = _options(reduction, ignore_index, label_smoothing, cwc, z_loss, softcap)
@@ -201,5 +243,27 @@ class _CrossEntropy(torch.autograd.Function):
 
 def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
                   z_loss=0.0, softcap=None):
-    """F.cross_entropy on [N, C] logits and [N] class indices (plus z_loss and softcap)."""
-    return _CrossEntropy.apply(input, target, weight, reduction, ignore_index, label_smoothing, z_loss, softcap)
+    """F.cross_entropy on logits [N, C] ([C] unbatched, [N, C, d1, ...] with the class dim 1)
+    and class indices [N] ([] / [N, d1, ...]), plus z_loss and softcap. Every misuse raises
+    what F.cross_entropy raises (ctorch.torch._checks); class-probability targets are refused
+    (NotImplementedError), never truncated."""
+    fn = "cross_entropy"
+    C.floating(fn, "input", input)
+    C.reduction(fn, reduction)
+    if input.dim() == 0:
+        C.fail(RuntimeError, fn, "input must have at least 1 dim (the classes), got a 0-D tensor")
+    nc = input.shape[1] if input.dim() >= 2 else input.shape[0]
+    ii = -100 if ignore_index is None else ignore_index
+    tc = C.class_targets(fn, target, tuple(input.shape), nc, ii, input.dtype)
+    C.class_weight(fn, weight, nc, input)
+    if input.dim() == 1:
+        rows = input.reshape(1, nc)
+    elif input.dim() == 2:
+        rows = input
+    else:
+        rows = input.movedim(1, -1).reshape(-1, nc)
+    shape = tuple(target.shape)
+    if rows.shape[0] == 0:
+        return _empty_loss(rows, reduction, shape)
+    loss = _CrossEntropy.apply(rows, tc, weight, reduction, ignore_index, label_smoothing, z_loss, softcap)
+    return loss.reshape(shape) if reduction == "none" else loss

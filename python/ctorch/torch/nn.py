@@ -11,6 +11,7 @@ import math
 import torch
 
 from .._lib import as_c, check, lib, ptr
+from . import _checks as C
 
 _I64, _VP, _F, _I = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
 
@@ -84,11 +85,13 @@ def gelu(x, approximate="none"):
     """F.gelu(x, approximate=...): 'none' is x * Phi(x) (erf), 'tanh' the tanh approximation."""
     if approximate not in _GELU:
         raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    C.floating("gelu", "input", x)
     return _Activation.apply(x, _GELU[approximate])
 
 
 def silu(x):
     """F.silu(x) = x * sigmoid(x)."""
+    C.floating("silu", "input", x)
     return _Activation.apply(x, _SILU)
 
 
@@ -117,6 +120,7 @@ class _SwiGLU(torch.autograd.Function):
 def swiglu(x):
     """silu(a) * b with a, b = x.chunk(2, dim=-1): the gated MLP activation of Llama.
     x is [..., 2H]; the result is [..., H]."""
+    C.floating("swiglu", "input", x)
     if x.dim() == 0 or x.shape[-1] % 2:
         raise ValueError(f"swiglu: the last dim must be even (gate | value), got shape {tuple(x.shape)}")
     return _SwiGLU.apply(x)
@@ -158,10 +162,15 @@ class _RMSNorm(torch.autograd.Function):
 def rms_norm(x, weight=None, eps=None):
     """RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * weight (weight [C] or None).
     eps None means torch.finfo(x.dtype).eps, as torch.nn.functional.rms_norm."""
+    C.floating("rms_norm", "input", x)
     if x.dim() == 0:
-        raise ValueError("rms_norm: x needs at least one dim")
-    if weight is not None and tuple(weight.shape) != (x.shape[-1],):
-        raise ValueError(f"rms_norm: weight must be [{x.shape[-1]}], got {tuple(weight.shape)}")
+        C.fail(RuntimeError, "rms_norm", "x needs at least one dim")
+    if weight is not None:
+        C.floating("rms_norm", "weight", weight)
+        if tuple(weight.shape) != (x.shape[-1],):
+            C.fail(RuntimeError, "rms_norm", f"Expected weight to be of same shape as normalized_shape, but got "
+                                             f"weight of shape {list(weight.shape)} and normalized_shape = "
+                                             f"[{x.shape[-1]}]")
     if eps is None:
         eps = torch.finfo(x.dtype).eps if x.is_floating_point() else torch.finfo(torch.float32).eps
     return _RMSNorm.apply(x, weight, float(eps))
@@ -207,11 +216,18 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
         normalized_shape = (normalized_shape,)
     normalized_shape = tuple(int(s) for s in normalized_shape)
     k = len(normalized_shape)
+    C.floating("layer_norm", "input", x)
     if k == 0 or tuple(x.shape[x.dim() - k:]) != normalized_shape or x.dim() < k:
-        raise ValueError(f"layer_norm: input {tuple(x.shape)} does not end in normalized_shape {normalized_shape}")
+        C.fail(RuntimeError, "layer_norm", f"Given normalized_shape={list(normalized_shape)}, expected input with "
+                                           f"shape [*, {', '.join(map(str, normalized_shape))}], but got input of "
+                                           f"size{list(x.shape)}")
     for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None and tuple(t.shape) != normalized_shape:
-            raise ValueError(f"layer_norm: {name} must be {normalized_shape}, got {tuple(t.shape)}")
+        if t is not None:
+            C.floating("layer_norm", name, t)
+            if tuple(t.shape) != normalized_shape:
+                C.fail(RuntimeError, "layer_norm", f"Expected {name} to be of same shape as normalized_shape, but "
+                                                   f"got {name} of shape {list(t.shape)} and normalized_shape = "
+                                                   f"{list(normalized_shape)}")
     return _LayerNorm.apply(x, weight, bias, math.prod(normalized_shape), float(eps))
 
 
@@ -242,6 +258,7 @@ def rope(x, positions=None, base=10000.0):
     x [..., T, H, E] (time, heads, head dim; E even; any leading batch dims).
     positions: integer tensor [T] (shared by the batch) or None for 0..T-1.
     Angles are f32(position) * inv_freq with inv_freq = 1 / base^(2i/E) in f32, as HF."""
+    C.floating("rope", "input", x)
     if x.dim() < 3:
         raise ValueError(f"rope: x must be [..., T, H, E], got shape {tuple(x.shape)}")
     T = x.shape[-3]
