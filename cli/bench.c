@@ -15,6 +15,7 @@ static const struct {
     {"comm", bench_comm, "all_reduce / all_gather / reduce_scatter bus bandwidth and latency vs MPICH"},
     {"lce", bench_lce, "fused linear cross-entropy vs unfused (ctorch and PyTorch), fwd+bwd"},
     {"flex", bench_flex, "FlexAttention sliding window / causal vs dense SDPA, block-mask cost"},
+    {"compile", bench_compile, "compiled score/mask mods vs built-ins and torch, cold/warm compile, pool"},
     {"train", bench_train, "one training step: fused vs unfused head, flex window vs dense, vs PyTorch"},
     {"generate", bench_generate, "decode with the KV cache vs recomputing the sequence, prompt/decode tok/s"},
 };

@@ -48,6 +48,7 @@ int bench_lce(bench_ctx *b, int argc, char **argv);
 int bench_flex(bench_ctx *b, int argc, char **argv);
 int bench_io(bench_ctx *b, int argc, char **argv);
 int bench_train(bench_ctx *b, int argc, char **argv);
+int bench_compile(bench_ctx *b, int argc, char **argv);
 int bench_comm(bench_ctx *b, int argc, char **argv);
 int bench_generate(bench_ctx *b, int argc, char **argv);
 

@@ -129,10 +129,10 @@ static void emit_nodes(sbuf *b, const jir *ir, const bool *need, const char *ind
         case J_OR: put(b, "v%d | v%d", a, c); break;
         case J_XOR: put(b, "v%d ^ v%d", a, c); break;
         case J_SEL: put(b, "v%d ? v%d : v%d", a, c, d); break;
-        case J_EXP: put(b, "expf(v%d)", a); break;
+        case J_EXP: put(b, "ctj_exp(v%d)", a); break;
         case J_LOG: put(b, "logf(v%d)", a); break;
-        case J_TANH: put(b, "tanhf(v%d)", a); break;
-        case J_SIGMOID: put(b, "1.0f / (1.0f + expf(-v%d))", a); break;
+        case J_TANH: put(b, "ctj_tanh(v%d)", a); break;
+        case J_SIGMOID: put(b, "1.0f / (1.0f + ctj_exp(-v%d))", a); break;
         case J_SQRT: put(b, "sqrtf(v%d)", a); break;
         case J_FLOOR: put(b, "floorf(v%d)", a); break;
         case J_ABS: put(b, fl ? "fabsf(v%d)" : "(v%d < 0 ? -v%d : v%d)", a, a, a); break;
@@ -198,6 +198,42 @@ static const char *preamble =
     "    return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r;\n"
     "}\n"
     "static inline int64_t ctj_f2i(float x) { return x > -9.2e18f && x < 9.2e18f ? (int64_t)x : 0; }\n"
+    "/* exp and tanh in branch-free arithmetic the compiler vectorises (relative error < 2e-7\n"
+    " * for exp): Cody-Waite reduction, a degree-7 polynomial, 2^n from two exponent fields. */\n"
+    "static inline float ctj_exp(float x)\n"
+    "{\n"
+    "    float xc = x < -87.33654f ? -87.33654f : x > 88.72283f ? 88.72283f : x;\n"
+    "    float n = rintf(xc * 1.44269504088896341f);\n"
+    "    float r = xc - n * 0.693359375f;\n"
+    "    r = r - n * -2.12194440e-4f;\n"
+    "    float p = 1.0f / 5040.0f;\n"
+    "    p = p * r + 1.0f / 720.0f;\n"
+    "    p = p * r + 1.0f / 120.0f;\n"
+    "    p = p * r + 1.0f / 24.0f;\n"
+    "    p = p * r + 1.0f / 6.0f;\n"
+    "    p = p * r + 0.5f;\n"
+    "    p = p * (r * r) + r + 1.0f;\n"
+    "    int32_t ni = (int32_t)n, hi = ni / 2;\n"
+    "    union { uint32_t u; float f; } f1, f2;\n"
+    "    f1.u = (uint32_t)(hi + 127) << 23;\n"
+    "    f2.u = (uint32_t)(ni - hi + 127) << 23;\n"
+    "    float res = p * f1.f * f2.f;\n"
+    "    res = x < -87.33654f ? 0.0f : res;\n"
+    "    res = x > 88.72283f ? INFINITY : res;\n"
+    "    return x != x ? x : res;\n"
+    "}\n"
+    "static inline float ctj_tanh(float y)\n"
+    "{\n"
+    "    float ay = fabsf(y), y2 = y * y;\n"
+    "    float p = 62.0f / 2835.0f;\n"
+    "    p = p * y2 - 17.0f / 315.0f;\n"
+    "    p = p * y2 + 2.0f / 15.0f;\n"
+    "    p = p * y2 - 1.0f / 3.0f;\n"
+    "    float small = p * y2 * y + y;\n"
+    "    float big = 1.0f - 2.0f / (ctj_exp(ay + ay) + 1.0f);\n"
+    "    big = y < 0.0f ? -big : big;\n"
+    "    return ay < 0.25f ? small : big;\n"
+    "}\n"
     "\n";
 
 /* The element loop: for each key column j, each query row i (contiguous when q_stride is 1:

@@ -239,7 +239,7 @@ static ct_status make_env(const char *fn, const ct_jit_options *o, env *e)
     snprintf(e->ident, sizeof e->ident, "%s size %lld mtime %lld.%09ld", e->cc,
              (long long)st.st_size, (long long)st.st_mtim.tv_sec, (long)st.st_mtim.tv_nsec);
     static const char *base[] = {"-std=c11", "-O3", "-fPIC", "-shared", "-fwrapv",
-                                 "-fno-math-errno", "-ffp-contract=off", "-Wall", "-Werror"};
+                                 "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-Wall", "-Werror"};
     for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
         e->flags[e->nflags++] = base[i];
 #if defined(__x86_64__)
