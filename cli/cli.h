@@ -25,6 +25,26 @@ bool cli_int(const char *opt, const char *val, long long lo, long long hi, long 
 bool cli_float(const char *opt, const char *val, double *out);
 /* True when argv[i] is `name`; then *val is the next argument (error if missing). */
 bool cli_opt(int argc, char **argv, int *i, const char *name, const char **val);
+/* Running ranks on this host (cmd_launch.c), shared by `ctorch launch` and `train --nproc`:
+ * serves the store on addr, makes a random job secret (CT_JOB_SECRET in the ranks'
+ * environment, never on a command line; an inherited one is kept), starts nproc ranks of
+ * prog each in its own process group with RANK, WORLD_SIZE, MASTER_ADDR, ... set, streams
+ * their output, forwards SIGINT/SIGTERM, ends them on failure or max_time and removes the
+ * shared-memory segments of ranks that died. Returns the exit status of the job. */
+typedef struct cli_launch_opts {
+    int nproc;
+    int port;          /* store port, 0 = a free one */
+    const char *addr;  /* MASTER_ADDR (default 127.0.0.1) */
+    double timeout;    /* CT_COMM_TIMEOUT of the ranks, 0 = theirs */
+    double grace;      /* seconds between SIGTERM and SIGKILL (default 5) */
+    double max_time;   /* end the job after this many seconds, 0 = no limit */
+    int elastic;       /* survivors keep running when a rank fails */
+    int prefix;        /* [rankK]: on output lines (default 1) */
+    const char *frdir; /* CT_COMM_FR_DUMP_DIR of the ranks, NULL = none */
+    int json;          /* launcher events as JSON lines (default: CT_COMM_LOG=json) */
+} cli_launch_opts;
+cli_launch_opts cli_launch_defaults(void);
+int cli_launch_run(const cli_launch_opts *o, char *const *prog);
 /* Folder of the running executable's source tree scripts (bench/), or NULL. */
 const char *cli_source_dir(void);
 

@@ -136,6 +136,8 @@ static void launch_usage(FILE *f)
           "Starts N ranks of PROGRAM on this host with RANK, LOCAL_RANK, WORLD_SIZE,\n"
           "LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and CT_STORE_HOSTED=1 set (the launcher\n"
           "serves the store), prefixes their output with [rankK]:, and reports how each failed.\n"
+          "A random job secret goes to the ranks in CT_JOB_SECRET (kept when already set): the\n"
+          "store and every rank connection check it, so no other process can join the job.\n"
           "  --timeout S      communicator timeout of the ranks (sets CT_COMM_TIMEOUT)\n"
           "  --elastic        keep the other ranks running when one fails; exit 0 when every\n"
           "                   rank that exited did so with 0 (ranks killed by a signal are\n"
@@ -208,6 +210,18 @@ static void summarise_dumps(const char *dir)
     if (n > 0) event("flight_recorder", NULL, "%d flight-recorder dumps in %s", n, dir);
 }
 
+cli_launch_opts cli_launch_defaults(void)
+{
+    cli_launch_opts o;
+    memset(&o, 0, sizeof o);
+    o.grace = 5;
+    o.prefix = 1;
+    o.addr = "127.0.0.1";
+    const char *logmode = getenv("CT_COMM_LOG");
+    o.json = logmode && !strcmp(logmode, "json");
+    return o;
+}
+
 int cmd_launch(int argc, char **argv)
 {
     long long nproc = 0, port = 0;
@@ -259,7 +273,41 @@ int cmd_launch(int argc, char **argv)
         launch_usage(stderr);
         return 2;
     }
-    char **prog = argv + i;
+    cli_launch_opts o = cli_launch_defaults();
+    o.nproc = (int)nproc;
+    o.port = (int)port;
+    o.timeout = timeout;
+    o.grace = grace;
+    o.max_time = max_time;
+    o.elastic = elastic;
+    o.prefix = prefix;
+    o.addr = addr;
+    o.frdir = frdir;
+    o.json = g_json;
+    return cli_launch_run(&o, argv + i);
+}
+
+int cli_launch_run(const cli_launch_opts *o, char *const *prog)
+{
+    long long nproc = o->nproc;
+    double timeout = o->timeout, grace = o->grace, max_time = o->max_time;
+    int elastic = o->elastic, prefix = o->prefix, port = o->port;
+    const char *addr = o->addr && *o->addr ? o->addr : "127.0.0.1", *frdir = o->frdir;
+    g_json = o->json;
+    if (nproc < 1 || nproc > 1024 || !prog || !prog[0]) {
+        fprintf(stderr, "ctorch launch: need 1..1024 ranks and a program to run\n");
+        return 2;
+    }
+    /* The job secret: every rank proves it to the store and to each other (never on a
+     * command line: ranks inherit it in the environment). */
+    char secret[80];
+    const char *given = getenv("CT_JOB_SECRET");
+    secret[0] = 0;
+    if (!given || !*given) {
+        ct_status gs = ct_comm_secret_generate(secret, sizeof secret);
+        if (gs) return cli_fail("launch: cannot make a job secret", gs);
+        setenv("CT_JOB_SECRET", secret, 1);
+    }
     ct_store_server *srv;
     ct_status st = ct_store_server_start(addr, (int)port, &srv);
     if (st) return cli_fail("launch: cannot serve the store", st);
@@ -463,5 +511,9 @@ int cmd_launch(int argc, char **argv)
         event("end", fields, "%d of %lld ranks succeeded in %.2f s", ok_ranks, nproc, now_s() - t0);
     free(rp);
     ct_store_server_free(srv);
+    if (secret[0]) { /* ours: not for whatever this process runs next */
+        unsetenv("CT_JOB_SECRET");
+        memset(secret, 0, sizeof secret);
+    }
     return failed_code;
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install what ctorch needs from Debian's packages (only what is missing), as root or via sudo.
 set -euo pipefail
-PKGS=(build-essential cmake pkg-config libopenblas-dev libjansson-dev
+PKGS=(build-essential cmake pkg-config libopenblas-dev libjansson-dev libssl-dev
       python3 python3-numpy python3-torch python3-pytest
       clang libclang-rt-14-dev mpich libmpich-dev)
 missing=()

@@ -60,18 +60,53 @@ extern "C" {
 typedef struct ct_store ct_store;               /**< a client connection to a store */
 typedef struct ct_store_server ct_store_server; /**< a store served by a thread of this process */
 
-/** Serve a store on host:port from a background thread of this process. host NULL means
- *  all interfaces; port 0 picks a free port (read it with ct_store_server_port). Fails
- *  with CT_EIO when the address cannot be bound. */
+/* Limits of the store protocol, the same on both sides (docs/comm.md, "Limits"). */
+#define CT_STORE_MAX_KEY_BYTES 1024u              /**< a key: 1..1024 bytes */
+#define CT_STORE_MAX_VALUE_BYTES (16u << 20)      /**< one value (and one reply) */
+#define CT_STORE_MAX_CLIENT_BYTES (64u << 20)     /**< buffered by the server per client */
+#define CT_STORE_MAX_CLIENTS 1024                 /**< connections a server holds */
+/* Length of a job secret (CT_JOB_SECRET or .secret), in bytes. */
+#define CT_COMM_SECRET_MIN 16
+#define CT_COMM_SECRET_MAX 1024
+
+/** Who may use a store. Every connection proves the job secret by HMAC-SHA256
+ *  challenge-response (the secret never crosses the wire); without a secret only loopback
+ *  addresses are allowed (with a warning through ct_log). */
+typedef struct ct_store_options {
+    const char *secret;  /**< the job secret; NULL = CT_JOB_SECRET from the environment */
+    double handshake_s;  /**< server: an unauthenticated connection that has not proved the
+                              secret in this many seconds is closed (default 10,
+                              CT_COMM_HANDSHAKE_TIMEOUT); authenticated ones never time out */
+} ct_store_options;
+
+/** Defaults: secret NULL (the environment's), handshake_s from CT_COMM_HANDSHAKE_TIMEOUT. */
+CT_API ct_store_options ct_store_options_default(void);
+
+/** Serve a store on host:port from a background thread of this process, with the default
+ *  options (the job secret from CT_JOB_SECRET). host NULL means loopback (127.0.0.1); an
+ *  address that is not loopback ("0.0.0.0" for all interfaces) needs a secret. port 0 picks
+ *  a free port (read it with ct_store_server_port). Fails with CT_EIO when the address
+ *  cannot be bound, CT_EINVAL for a non-loopback address without a secret. */
 CT_API ct_status ct_store_server_start(const char *host, int port, ct_store_server **out);
+/** ct_store_server_start with options (opt NULL = defaults). */
+CT_API ct_status ct_store_server_start_opts(const char *host, int port,
+                                            const ct_store_options *opt, ct_store_server **out);
 /** The TCP port the server listens on. */
 CT_API int ct_store_server_port(const ct_store_server *s);
 /** Stop the server thread, close its connections and free it. NULL is a no-op. */
 CT_API void ct_store_server_free(ct_store_server *s);
 
 /** Connect to a store at host:port, retrying until timeout_s seconds have passed (the
- *  server may start later). CT_ETIMEDOUT if it never answered. */
+ *  server may start later), and prove the job secret (CT_JOB_SECRET). CT_ETIMEDOUT if it
+ *  never answered, CT_EPEER if the server refused our proof or could not prove its own,
+ *  CT_EINVAL for a host that is not loopback without a secret. */
 CT_API ct_status ct_store_connect(const char *host, int port, double timeout_s, ct_store **out);
+/** ct_store_connect with options (opt NULL = defaults). */
+CT_API ct_status ct_store_connect_opts(const char *host, int port, double timeout_s,
+                                       const ct_store_options *opt, ct_store **out);
+/** Write a fresh random job secret (64 hex digits and a NUL) into buf (cap >= 65), as
+ *  `ctorch launch` does for CT_JOB_SECRET. */
+CT_API ct_status ct_comm_secret_generate(char *buf, size_t cap);
 /** Close the connection and free the client. NULL is a no-op. */
 CT_API void ct_store_free(ct_store *s);
 /** Set key (a NUL-terminated string of 1..1024 bytes) to len bytes of value (len <= 16 MiB). */
@@ -130,7 +165,7 @@ typedef enum ct_work_state {
 /** Communicator options. ct_comm_options_default() fills them from the environment:
  *  CT_COMM_BACKEND (tcp|mpi), CT_COMM_TIMEOUT (seconds, default 600),
  *  CT_COMM_FR_ENTRIES (default 1024), CT_COMM_FR_DUMP_DIR, CT_COMM_NAN_CHECK=1,
- *  CT_COMM_SHM=0 (TCP even between ranks of one host). */
+ *  CT_COMM_SHM=0 (TCP even between ranks of one host), CT_JOB_SECRET. */
 typedef struct ct_comm_options {
     ct_comm_backend backend;
     const char *name;            /**< shown in logs and dumps (copied); default "default" */
@@ -141,6 +176,10 @@ typedef struct ct_comm_options {
     bool use_shm;                /**< shared memory between ranks of one host */
     size_t small_bytes;          /**< messages up to this size use one-round algorithms */
     size_t slot_bytes;           /**< pipeline segment (shared-memory slot) size */
+    const char *secret; /**< job secret every rank connection proves (HMAC-SHA256
+                             challenge-response; copied). NULL (the default) = CT_JOB_SECRET
+                             from the environment; "" = none, allowed only when every
+                             address is loopback (with a warning through ct_log) */
 } ct_comm_options;
 
 /** Defaults, read from the environment as described at ct_comm_options. */
@@ -158,8 +197,10 @@ CT_API ct_status ct_comm_init(ct_store *store, int rank, int size, const ct_comm
                               ct_comm **out);
 /** Create the world communicator from the environment. TCP: RANK and WORLD_SIZE (else
  *  PMI_RANK / PMI_SIZE, OMPI_COMM_WORLD_RANK / _SIZE), MASTER_ADDR (default 127.0.0.1),
- *  MASTER_PORT. Rank 0 serves the store unless CT_STORE_HOSTED=1 (set by `ctorch launch`,
- *  which serves it itself) or TORCHELASTIC_USE_AGENT_STORE=True. MPI: initialises MPI
+ *  MASTER_PORT. Rank 0 serves the store on MASTER_ADDR unless CT_STORE_HOSTED=1 (set by
+ *  `ctorch launch`, which serves it itself) or TORCHELASTIC_USE_AGENT_STORE=True. The job
+ *  secret is opt->secret or CT_JOB_SECRET (needed unless every address is loopback); rank
+ *  listeners bind the local address that reaches the store. MPI: initialises MPI
  *  (MPI_THREAD_MULTIPLE) unless the program did, and duplicates MPI_COMM_WORLD. */
 CT_API ct_status ct_comm_init_env(const ct_comm_options *opt, ct_comm **out);
 

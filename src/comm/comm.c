@@ -422,6 +422,15 @@ ct_status cm_comm_create(ct_store *store, int rank, int size, const ct_comm_opti
     c->shm_slot = opt->slot_bytes;
     c->store = store;
     c->local_rank = -1;
+    ct_status kst = cm_key_resolve("ct_comm_init", opt->secret, &c->key);
+    if (kst) {
+        ct_free(c);
+        return kst;
+    }
+    /* Splits and shrinks pass c->opt on: keep the secret they need in the communicator. */
+    memcpy(c->secret, c->key.k, c->key.n);
+    c->secret[c->key.n] = 0;
+    c->opt.secret = c->secret;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     pthread_cond_init(&c->bg_cv, NULL);
@@ -533,9 +542,11 @@ ct_status ct_comm_init_env(const ct_comm_options *opt, ct_comm **out)
     const char *agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
     int external = (hosted && !strcmp(hosted, "1")) || (agent && !strcmp(agent, "True"));
     ct_store_server *srv = NULL;
-    if (!external && rank == 0) CT_TRY(ct_store_server_start(NULL, (int)port, &srv));
+    ct_store_options so = ct_store_options_default();
+    so.secret = o.secret;
+    if (!external && rank == 0) CT_TRY(ct_store_server_start_opts(addr, (int)port, &so, &srv));
     ct_store *store = NULL;
-    ct_status st = ct_store_connect(addr, (int)port, o.timeout_s, &store);
+    ct_status st = ct_store_connect_opts(addr, (int)port, o.timeout_s, &so, &store);
     if (st) {
         ct_store_server_free(srv);
         return ct_error_wrap(st, "%s: no store at MASTER_ADDR=%s MASTER_PORT=%ld", fn, addr, port);
@@ -1130,5 +1141,7 @@ void ct_comm_free(ct_comm *c)
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
     pthread_cond_destroy(&c->bg_cv);
+    cm_key_wipe(&c->key);
+    memset(c->secret, 0, sizeof c->secret);
     ct_free(c);
 }

@@ -30,12 +30,84 @@ ct_status cm_net_recv_all(int fd, void *buf, size_t n, double deadline);
 void cm_net_tune(int fd); /* TCP_NODELAY, close-on-exec */
 void cm_net_nonblock(int fd, int on);
 ct_status cm_net_local_ip(int fd, char *buf, size_t cap); /* this end's address of fd */
+ct_status cm_net_peer_ip(int fd, char *buf, size_t cap);  /* the other end's address */
+
+/* ---- who may join (auth.c) -------------------------------------------------------------- */
+#define CM_NONCE_BYTES 32
+#define CM_MAC_BYTES 32
+#define CM_HS_VERSION 1u
+#define CM_HS_STORE_MAGIC 0x31747363u /* "cst1": store challenge */
+#define CM_HS_RANK_MAGIC 0x31727463u  /* "ctr1": rank challenge and hello */
+#define CM_HS_CHALLENGE_BYTES (8 + CM_NONCE_BYTES)
+#define CM_HS_HELLO_BYTES (8 + CM_NONCE_BYTES + CM_MAC_BYTES)
+#define CM_HS_STORE_PROOF_BYTES (CM_NONCE_BYTES + CM_MAC_BYTES) /* client -> server */
+/* An unauthenticated connection that has not proved the secret within this many seconds is
+ * closed (CT_COMM_HANDSHAKE_TIMEOUT overrides). */
+#define CM_HANDSHAKE_S 10.0
+
+/* The job secret as an HMAC key; set = 0 when the job has none (loopback only). */
+typedef struct cm_key {
+    unsigned char k[CT_COMM_SECRET_MAX];
+    size_t n;
+    int set;
+} cm_key;
+
+/* secret NULL: CT_JOB_SECRET from the environment. */
+ct_status cm_key_resolve(const char *fn, const char *secret, cm_key *k);
+void cm_key_wipe(cm_key *k);
+ct_status cm_random(void *buf, size_t n);
+/* HMAC-SHA256(key, label NUL ns nc ctx). */
+void cm_mac(const cm_key *k, const char *label, const uint8_t *ns, const uint8_t *nc,
+            const void *ctx, size_t ctx_len, uint8_t out[CM_MAC_BYTES]);
+int cm_mac_equal(const uint8_t *a, const uint8_t *b); /* constant time */
+
+/* Rank handshake: the acceptor sends a challenge [magic][version][ns], the connector a hello
+ * [magic][rank][nc][mac], the acceptor its proof [mac]. Parsers return 0 when well formed. */
+typedef struct cm_hello {
+    uint32_t rank;
+    uint8_t nc[CM_NONCE_BYTES];
+    uint8_t mac[CM_MAC_BYTES];
+} cm_hello;
+void cm_hs_write_challenge(uint8_t out[CM_HS_CHALLENGE_BYTES], uint32_t magic,
+                           const uint8_t ns[CM_NONCE_BYTES]);
+int cm_hs_parse_challenge(const uint8_t *buf, size_t n, uint32_t magic,
+                          uint8_t ns[CM_NONCE_BYTES]);
+void cm_hs_write_hello(uint8_t out[CM_HS_HELLO_BYTES], const cm_hello *h);
+int cm_hs_parse_hello(const uint8_t *buf, size_t n, cm_hello *h);
+/* MAC context of a rank link: from-rank, to-rank, the communicator's key prefix. ctx needs
+ * 520 bytes. */
+void cm_hs_rank_ctx(const char *prefix, uint32_t from, uint32_t to, uint8_t *ctx, size_t *len);
+/* 1 when host is (or resolves only to) a 127.x address. */
+int cm_ip_is_loopback(const char *host);
+/* The warning of a job without a secret (through ct_log). */
+void cm_warn_no_secret(const char *where);
+double cm_handshake_s(void);
 
 /* ---- store client internals (store.c) ------------------------------------------------- */
 /* Our end's address of the store connection: the interface peers can reach us on. */
 ct_status cm_store_local_ip(ct_store *s, char *buf, size_t cap);
 /* 1, 2, ...: numbers the communicators made on this client (the same order on every rank). */
 int64_t cm_store_next_id(ct_store *s);
+/* Whether the store connection proved a job secret (0: a loopback job without one). */
+int cm_store_has_secret(const ct_store *s);
+/* The address the store client connected to. */
+const char *cm_store_host(const ct_store *s);
+
+/* Store server internals, for tests and the fuzz targets. */
+typedef struct cm_store_stats {
+    size_t clients;          /* connections now */
+    size_t peak_client_bytes;/* most bytes one client had buffered (in + out) */
+    uint64_t accept_calls;   /* accept() calls */
+    uint64_t accept_errors;  /* accept() failures (EMFILE, ...) */
+    uint64_t shed;           /* connections closed because the server was full */
+    uint64_t auth_failures;  /* wrong or missing proofs */
+    uint64_t handshake_timeouts;
+} cm_store_stats;
+void cm_store_server_stats(ct_store_server *s, cm_store_stats *out);
+/* Feed bytes to a fresh in-memory server as one client would (authenticated: frames only,
+ * else the handshake first); returns the bytes the server would send back (count only).
+ * No sockets, no thread: the fuzz target of the store protocol. */
+size_t cm_store_fuzz_feed(const uint8_t *data, size_t n, int authenticated);
 
 /* ---- reductions (reduce.c) ------------------------------------------------------------- */
 /* acc[i] = acc[i] op in[i] for dtypes f32, f64, i32, i64, u8 (AVG acts as SUM). */
@@ -194,6 +266,8 @@ struct ct_comm {
     char name[96];
     char dump_dir[512];
     char prefix[512]; /* store key prefix */
+    cm_key key;       /* the job secret every rank link proves */
+    char secret[CT_COMM_SECRET_MAX + 1];
     ct_store *store;
     struct cm_store_ref *sref; /* shared ownership of a store made by ct_comm_init_env */
     int children;              /* split / shrink counter (identical on all ranks) */

@@ -196,3 +196,14 @@ ct_status cm_net_local_ip(int fd, char *buf, size_t cap)
         return ct_error(CT_EIO, "comm: inet_ntop: %s", strerror(errno));
     return CT_OK;
 }
+
+ct_status cm_net_peer_ip(int fd, char *buf, size_t cap)
+{
+    struct sockaddr_in sa;
+    socklen_t sl = sizeof sa;
+    if (getpeername(fd, (struct sockaddr *)&sa, &sl) != 0 || sa.sin_family != AF_INET)
+        return ct_error(CT_EIO, "comm: getpeername: %s", strerror(errno));
+    if (!inet_ntop(AF_INET, &sa.sin_addr, buf, (socklen_t)cap))
+        return ct_error(CT_EIO, "comm: inet_ntop: %s", strerror(errno));
+    return CT_OK;
+}

@@ -1,7 +1,12 @@
 /* The rendezvous store: a key-value map served by one thread over TCP (like c10d's
- * TCPStore), and its client. Frames are [u32 length][u8 command][fields]; a field is
+ * TCPStore), and its client. A connection starts with the handshake: the server sends a
+ * challenge [u32 magic][u32 version][32-byte nonce], the client its nonce and
+ * HMAC-SHA256(secret, "ctorch store client v1" NUL ns nc), the server
+ * HMAC(secret, "ctorch store server v1" NUL ns nc); nothing else is read before that (and
+ * only for CM_HANDSHAKE_S). Then frames [u32 length][u8 command][fields]; a field is
  * [u32 length][bytes]. The server never blocks on a client: waiting for a key is the
- * client polling GET until its deadline. */
+ * client polling GET until its deadline. Every buffer a client can grow is bounded
+ * (CT_STORE_MAX_*). */
 #include "comm/comm_internal.h"
 
 #include <errno.h>
@@ -17,9 +22,18 @@
 enum { ST_SET = 1, ST_GET, ST_CHECK, ST_ADD, ST_CAS, ST_DEL };
 enum { ST_OK = 0, ST_MISSING = 1, ST_BAD = 2 };
 
-#define ST_MAX_KEY 1024
-#define ST_MAX_VAL (16u << 20)
-#define ST_MAX_FRAME (ST_MAX_VAL * 2 + ST_MAX_KEY + 64)
+#define ST_MAX_KEY CT_STORE_MAX_KEY_BYTES
+#define ST_MAX_VAL CT_STORE_MAX_VALUE_BYTES
+/* The largest request: compare-set with two values. */
+#define ST_MAX_FRAME (2 * (ST_MAX_VAL + 4) + ST_MAX_KEY + 16)
+/* Per client: the input buffer holds at most one whole request (plus its length), replies
+ * queue up to the rest of CT_STORE_MAX_CLIENT_BYTES; a client that sends requests faster
+ * than it reads replies is not read until it has read them (pipelining is bounded). */
+#define ST_IN_CAP ((size_t)ST_MAX_FRAME + 4)
+#define ST_OUT_CAP ((size_t)CT_STORE_MAX_CLIENT_BYTES - ST_IN_CAP)
+#define ST_MAX_REPLY ((size_t)ST_MAX_VAL + 9)
+#define ST_ACCEPT_PAUSE_S 0.1
+_Static_assert(ST_OUT_CAP >= ST_MAX_REPLY + (1u << 20), "the reply queue must hold a reply");
 
 /* ---- server ---------------------------------------------------------------------------- */
 
@@ -31,6 +45,10 @@ typedef struct kv {
 
 typedef struct client {
     int fd;
+    int authed;
+    double hs_deadline;
+    uint8_t ns[CM_NONCE_BYTES];
+    char ip[64];
     uint8_t *in;
     size_t in_len, in_cap;
     uint8_t *out;
@@ -41,10 +59,15 @@ struct ct_store_server {
     int lfd, port;
     int wake[2];
     pthread_t th;
+    cm_key key;
+    double handshake_s;
+    double accept_paused_until;
     kv *kvs;
     size_t nkv, cap_kv;
     client *cl;
     size_t ncl, cap_cl;
+    pthread_mutex_t stats_mu;
+    cm_store_stats stats;
 };
 
 static kv *kv_find(ct_store_server *s, const char *key, size_t klen)
@@ -56,10 +79,11 @@ static kv *kv_find(ct_store_server *s, const char *key, size_t klen)
 
 static int kv_put(ct_store_server *s, const char *key, size_t klen, const uint8_t *v, size_t vlen)
 {
+    if (vlen > ST_MAX_VAL || memchr(key, 0, klen)) return -1;
     kv *e = kv_find(s, key, klen);
     uint8_t *nv = malloc(vlen ? vlen : 1);
     if (!nv) return -1;
-    memcpy(nv, v, vlen);
+    if (vlen) memcpy(nv, v, vlen);
     if (e) {
         free(e->val);
         e->val = nv;
@@ -87,12 +111,14 @@ static int kv_put(ct_store_server *s, const char *key, size_t klen, const uint8_
     return 0;
 }
 
-static int buf_reserve(uint8_t **b, size_t *cap, size_t need)
+/* Grow *b to hold need bytes, never past limit. */
+static int buf_reserve(uint8_t **b, size_t *cap, size_t need, size_t limit)
 {
     if (need <= *cap) return 0;
+    if (need > limit) return -1;
     size_t nc = *cap ? *cap : 256;
     while (nc < need)
-        nc *= 2;
+        nc = nc > limit / 2 ? limit : nc * 2;
     uint8_t *n = realloc(*b, nc);
     if (!n) return -1;
     *b = n;
@@ -100,22 +126,44 @@ static int buf_reserve(uint8_t **b, size_t *cap, size_t need)
     return 0;
 }
 
-/* Append a reply [u32 len][u8 status][optional field]. */
-static int reply(client *c, uint8_t status, const void *field, size_t flen, int has_field)
+static void note_bytes(ct_store_server *s, const client *c)
 {
-    size_t body = 1 + (has_field ? 4 + flen : 0);
-    if (buf_reserve(&c->out, &c->out_cap, c->out_len + 4 + body)) return -1;
-    uint8_t *p = c->out + c->out_len;
-    uint32_t b32 = (uint32_t)body;
-    memcpy(p, &b32, 4);
-    p[4] = status;
-    if (has_field) {
-        uint32_t f32 = (uint32_t)flen;
-        memcpy(p + 5, &f32, 4);
-        if (flen) memcpy(p + 9, field, flen);
+    size_t b = c->in_cap + c->out_cap;
+    if (b > s->stats.peak_client_bytes) {
+        pthread_mutex_lock(&s->stats_mu);
+        if (b > s->stats.peak_client_bytes) s->stats.peak_client_bytes = b;
+        pthread_mutex_unlock(&s->stats_mu);
     }
-    c->out_len += 4 + body;
+}
+
+/* Append raw bytes to a client's reply queue (moving what is unsent to the front first). */
+static int out_put(ct_store_server *s, client *c, const void *a, size_t an, const void *b,
+                   size_t bn)
+{
+    if (c->out_off) {
+        memmove(c->out, c->out + c->out_off, c->out_len - c->out_off);
+        c->out_len -= c->out_off;
+        c->out_off = 0;
+    }
+    if (buf_reserve(&c->out, &c->out_cap, c->out_len + an + bn, ST_OUT_CAP)) return -1;
+    memcpy(c->out + c->out_len, a, an);
+    if (bn) memcpy(c->out + c->out_len + an, b, bn);
+    c->out_len += an + bn;
+    note_bytes(s, c);
     return 0;
+}
+
+/* Append a reply [u32 len][u8 status][optional field]. */
+static int reply(ct_store_server *s, client *c, uint8_t status, const void *field, size_t flen,
+                 int has_field)
+{
+    if (flen > ST_MAX_VAL) return -1;
+    uint8_t h[9];
+    uint32_t body = (uint32_t)(1 + (has_field ? 4 + flen : 0)), f32 = (uint32_t)flen;
+    memcpy(h, &body, 4);
+    h[4] = status;
+    memcpy(h + 5, &f32, 4);
+    return out_put(s, c, h, has_field ? 9 : 5, has_field ? field : NULL, has_field ? flen : 0);
 }
 
 /* Read field i of a request body; returns 0 when it is there. */
@@ -124,15 +172,15 @@ static int field(const uint8_t *body, size_t len, int idx, const uint8_t **f, si
     size_t off = 1;
     for (int i = 0;; i++) {
         uint32_t l;
-        if (off + 4 > len) return -1;
+        if (len < 4 || off > len - 4) return -1;
         memcpy(&l, body + off, 4);
-        if (off + 4 + l > len) return -1;
+        if (l > len - off - 4) return -1;
         if (i == idx) {
             *f = body + off + 4;
             *flen = l;
             return 0;
         }
-        off += 4 + l;
+        off += 4 + (size_t)l;
     }
 }
 
@@ -145,12 +193,13 @@ static int handle(ct_store_server *s, client *c, const uint8_t *body, size_t len
     kv *e = kv_find(s, key, kl);
     switch (body[0]) {
     case ST_SET:
-        if (field(body, len, 1, &a, &al) || kv_put(s, key, kl, a, al)) return -1;
-        return reply(c, ST_OK, NULL, 0, 0);
+        if (field(body, len, 1, &a, &al) || al > ST_MAX_VAL || kv_put(s, key, kl, a, al))
+            return -1;
+        return reply(s, c, ST_OK, NULL, 0, 0);
     case ST_GET:
-        return e ? reply(c, ST_OK, e->val, e->len, 1) : reply(c, ST_MISSING, NULL, 0, 0);
+        return e ? reply(s, c, ST_OK, e->val, e->len, 1) : reply(s, c, ST_MISSING, NULL, 0, 0);
     case ST_CHECK:
-        return reply(c, e ? ST_OK : ST_MISSING, NULL, 0, 0);
+        return reply(s, c, e ? ST_OK : ST_MISSING, NULL, 0, 0);
     case ST_ADD: {
         int64_t delta, v = 0;
         if (field(body, len, 1, &a, &al) || al != 8) return -1;
@@ -166,50 +215,95 @@ static int handle(ct_store_server *s, client *c, const uint8_t *body, size_t len
         char out[32];
         int n = snprintf(out, sizeof out, "%lld", (long long)v);
         if (kv_put(s, key, kl, (const uint8_t *)out, (size_t)n)) return -1;
-        return reply(c, ST_OK, &v, 8, 1);
+        return reply(s, c, ST_OK, &v, 8, 1);
     }
     case ST_CAS:
-        if (field(body, len, 1, &a, &al) || field(body, len, 2, &b, &bl)) return -1;
+        if (field(body, len, 1, &a, &al) || field(body, len, 2, &b, &bl) || al > ST_MAX_VAL ||
+            bl > ST_MAX_VAL)
+            return -1;
         if ((!e && al == 0) || (e && e->len == al && !memcmp(e->val, a, al))) {
             if (kv_put(s, key, kl, b, bl)) return -1;
             e = kv_find(s, key, kl);
         }
-        return e ? reply(c, ST_OK, e->val, e->len, 1) : reply(c, ST_MISSING, NULL, 0, 0);
+        return e ? reply(s, c, ST_OK, e->val, e->len, 1) : reply(s, c, ST_MISSING, NULL, 0, 0);
     case ST_DEL:
         if (e) {
             free(e->key);
             free(e->val);
             *e = s->kvs[--s->nkv];
         }
-        return reply(c, ST_OK, NULL, 0, 0);
+        return reply(s, c, ST_OK, NULL, 0, 0);
     }
     return -1;
 }
 
-static void client_close(ct_store_server *s, size_t i)
+static void client_free_bufs(client *c)
 {
-    close(s->cl[i].fd);
-    free(s->cl[i].in);
-    free(s->cl[i].out);
-    s->cl[i] = s->cl[--s->ncl];
+    free(c->in);
+    free(c->out);
+    c->in = c->out = NULL;
 }
 
-/* Read what is there, answer complete frames; -1 closes the client. */
-static int client_read(ct_store_server *s, client *c)
+static void client_close(ct_store_server *s, size_t i)
 {
-    for (;;) {
-        if (buf_reserve(&c->in, &c->in_cap, c->in_len + 65536)) return -1;
-        ssize_t r = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, MSG_DONTWAIT);
-        if (r == 0) return -1;
-        if (r < 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        c->in_len += (size_t)r;
+    if (s->cl[i].fd >= 0) close(s->cl[i].fd);
+    client_free_bufs(&s->cl[i]);
+    s->cl[i] = s->cl[--s->ncl];
+    pthread_mutex_lock(&s->stats_mu);
+    s->stats.clients = s->ncl;
+    pthread_mutex_unlock(&s->stats_mu);
+}
+
+static void count(ct_store_server *s, uint64_t *field_)
+{
+    pthread_mutex_lock(&s->stats_mu);
+    (*field_)++;
+    pthread_mutex_unlock(&s->stats_mu);
+}
+
+/* Bytes a client may send us now: before authentication exactly its proof; after, up to one
+ * whole request beyond what is buffered. */
+static size_t in_room(const client *c)
+{
+    size_t cap = c->authed ? ST_IN_CAP : CM_HS_STORE_PROOF_BYTES;
+    return c->in_len < cap ? cap - c->in_len : 0;
+}
+
+/* Whether the reply queue can take the largest reply. */
+static int out_room(const client *c)
+{
+    return c->out_len - c->out_off + ST_MAX_REPLY <= ST_OUT_CAP;
+}
+
+/* Check a client's proof of the secret and answer with ours. -1 closes it. */
+static int client_auth(ct_store_server *s, client *c)
+{
+    const uint8_t *nc = c->in;
+    uint8_t want[CM_MAC_BYTES], mine[CM_MAC_BYTES];
+    cm_mac(&s->key, "ctorch store client v1", c->ns, nc, NULL, 0, want);
+    if (!cm_mac_equal(want, c->in + CM_NONCE_BYTES)) {
+        count(s, &s->stats.auth_failures);
+        ct_log(CT_LOG_WARN, "comm",
+               "{\"event\":\"auth_failed\",\"where\":\"store\",\"port\":%d,\"peer\":\"%s\","
+               "\"msg\":\"a connection did not prove the job secret: dropped\"}",
+               s->port, c->ip);
+        return -1;
+    }
+    cm_mac(&s->key, "ctorch store server v1", c->ns, nc, NULL, 0, mine);
+    c->authed = 1;
+    c->in_len = 0;
+    return out_put(s, c, mine, sizeof mine, NULL, 0);
+}
+
+/* Answer the complete requests buffered, while the reply queue has room. -1 closes. */
+static int client_process(ct_store_server *s, client *c)
+{
+    if (!c->authed) {
+        if (c->in_len < CM_HS_STORE_PROOF_BYTES) return 0;
+        return client_auth(s, c);
     }
     size_t off = 0;
-    while (c->in_len - off >= 4) {
+    while (c->in_len - off >= 4 && out_room(c)) {
         uint32_t len;
         memcpy(&len, c->in + off, 4);
         if (len == 0 || len > ST_MAX_FRAME) return -1;
@@ -217,12 +311,42 @@ static int client_read(ct_store_server *s, client *c)
         if (handle(s, c, c->in + off + 4, len)) return -1;
         off += 4 + (size_t)len;
     }
-    memmove(c->in, c->in + off, c->in_len - off);
-    c->in_len -= off;
+    if (off) {
+        memmove(c->in, c->in + off, c->in_len - off);
+        c->in_len -= off;
+    }
+    if (c->in_len == 0 && c->in_cap > (1u << 20)) { /* give a big request's memory back */
+        free(c->in);
+        c->in = NULL;
+        c->in_cap = 0;
+    }
     return 0;
 }
 
-static int client_write(client *c)
+/* Read what is there (within the client's room), answer complete frames; -1 closes. */
+static int client_read(ct_store_server *s, client *c)
+{
+    for (;;) {
+        size_t room = in_room(c);
+        if (room == 0) break;
+        size_t want = room < 65536 ? room : 65536;
+        size_t lim = c->authed ? ST_IN_CAP : CM_HS_STORE_PROOF_BYTES;
+        if (buf_reserve(&c->in, &c->in_cap, c->in_len + want, lim)) return -1;
+        note_bytes(s, c);
+        ssize_t r = recv(c->fd, c->in + c->in_len, want, MSG_DONTWAIT);
+        if (r == 0) return -1;
+        if (r < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        c->in_len += (size_t)r;
+        if (!c->authed && c->in_len == CM_HS_STORE_PROOF_BYTES) break;
+    }
+    return client_process(s, c);
+}
+
+static int client_write(ct_store_server *s, client *c)
 {
     while (c->out_off < c->out_len) {
         ssize_t w =
@@ -231,7 +355,80 @@ static int client_write(client *c)
         c->out_off += (size_t)w;
     }
     c->out_off = c->out_len = 0;
+    if (c->out_cap > (1u << 20)) {
+        free(c->out);
+        c->out = NULL;
+        c->out_cap = 0;
+    }
+    /* Room again: answer the requests that waited for it. */
+    return c->in_len ? client_process(s, c) : 0;
+}
+
+/* Close the oldest connection that has not authenticated (to make room); 0 if none. */
+static int shed_one(ct_store_server *s)
+{
+    size_t best = s->ncl;
+    for (size_t i = 0; i < s->ncl; i++)
+        if (!s->cl[i].authed && (best == s->ncl || s->cl[i].hs_deadline < s->cl[best].hs_deadline))
+            best = i;
+    if (best == s->ncl) return 0;
+    client_close(s, best);
+    count(s, &s->stats.shed);
+    return 1;
+}
+
+static int client_add(ct_store_server *s, int fd)
+{
+    if (s->ncl >= CT_STORE_MAX_CLIENTS && !shed_one(s)) {
+        count(s, &s->stats.shed);
+        return -1;
+    }
+    if (s->ncl == s->cap_cl) {
+        size_t nc = s->cap_cl ? s->cap_cl * 2 : 16;
+        client *ncl = realloc(s->cl, nc * sizeof *ncl);
+        if (!ncl) return -1;
+        s->cl = ncl;
+        s->cap_cl = nc;
+    }
+    client c;
+    memset(&c, 0, sizeof c);
+    c.fd = fd;
+    c.hs_deadline = cm_now() + s->handshake_s;
+    snprintf(c.ip, sizeof c.ip, "?");
+    if (fd >= 0) cm_net_peer_ip(fd, c.ip, sizeof c.ip);
+    uint8_t ch[CM_HS_CHALLENGE_BYTES];
+    if (cm_random(c.ns, sizeof c.ns)) return -1;
+    cm_hs_write_challenge(ch, CM_HS_STORE_MAGIC, c.ns);
+    s->cl[s->ncl] = c;
+    if (out_put(s, &s->cl[s->ncl], ch, sizeof ch, NULL, 0)) {
+        client_free_bufs(&s->cl[s->ncl]);
+        return -1;
+    }
+    s->ncl++;
+    pthread_mutex_lock(&s->stats_mu);
+    s->stats.clients = s->ncl;
+    pthread_mutex_unlock(&s->stats_mu);
     return 0;
+}
+
+static void accept_some(ct_store_server *s)
+{
+    for (int k = 0; k < 64; k++) {
+        count(s, &s->stats.accept_calls);
+        int fd = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+            /* Out of descriptors or memory: free one held by a stranger and stop accepting
+             * for a moment instead of spinning on a listener that stays readable. */
+            count(s, &s->stats.accept_errors);
+            shed_one(s);
+            s->accept_paused_until = cm_now() + ST_ACCEPT_PAUSE_S;
+            return;
+        }
+        cm_net_tune(fd);
+        if (client_add(s, fd)) close(fd);
+    }
 }
 
 static void *server_main(void *arg)
@@ -247,12 +444,22 @@ static void *server_main(void *arg)
             pf = n;
             pcap = need * 2;
         }
+        double now = cm_now(), wake_at = 0;
+        int listening = now >= s->accept_paused_until;
+        if (!listening) wake_at = s->accept_paused_until;
         pf[0] = (struct pollfd){s->wake[0], POLLIN, 0};
-        pf[1] = (struct pollfd){s->lfd, POLLIN, 0};
-        for (size_t i = 0; i < s->ncl; i++)
-            pf[i + 2] =
-                (struct pollfd){s->cl[i].fd, (short)(POLLIN | (s->cl[i].out_len ? POLLOUT : 0)), 0};
-        int pr = poll(pf, s->ncl + 2, -1);
+        pf[1] = (struct pollfd){listening ? s->lfd : -1, POLLIN, 0};
+        for (size_t i = 0; i < s->ncl; i++) {
+            client *c = &s->cl[i];
+            short ev = 0;
+            if (in_room(c) && (!c->authed || out_room(c))) ev |= POLLIN;
+            if (c->out_len > c->out_off) ev |= POLLOUT;
+            pf[i + 2] = (struct pollfd){c->fd, ev, 0};
+            if (!c->authed && (wake_at == 0 || c->hs_deadline < wake_at)) wake_at = c->hs_deadline;
+        }
+        int ms = -1;
+        if (wake_at > 0) ms = wake_at <= now ? 0 : (int)((wake_at - now) * 1000.0) + 1;
+        int pr = poll(pf, s->ncl + 2, ms);
         if (pr < 0) {
             if (errno == EINTR) continue;
             break;
@@ -260,53 +467,78 @@ static void *server_main(void *arg)
         if (pf[0].revents) break;
         /* Clients first (indices stay valid: closing moves the last one into i). */
         size_t n = s->ncl;
+        now = cm_now();
         for (size_t i = n; i-- > 0;) {
+            client *c = &s->cl[i];
             short ev = pf[i + 2].revents;
-            if (!ev) continue;
             int bad = (ev & (POLLERR | POLLNVAL)) != 0;
-            if (!bad && (ev & (POLLIN | POLLHUP))) bad = client_read(s, &s->cl[i]) != 0;
-            if (!bad && s->cl[i].out_len) bad = client_write(&s->cl[i]) != 0;
+            if (!bad && (ev & (POLLIN | POLLHUP))) bad = client_read(s, c) != 0;
+            if (!bad && (ev & POLLOUT)) bad = client_write(s, c) != 0;
+            if (!bad && !c->authed && now >= c->hs_deadline) {
+                count(s, &s->stats.handshake_timeouts);
+                ct_log(CT_LOG_WARN, "comm",
+                       "{\"event\":\"handshake_timeout\",\"where\":\"store\",\"port\":%d,"
+                       "\"peer\":\"%s\",\"msg\":\"a connection did not prove the job secret "
+                       "within %.3g s: dropped\"}",
+                       s->port, c->ip, s->handshake_s);
+                bad = 1;
+            }
             if (bad) client_close(s, i);
         }
-        if (pf[1].revents & POLLIN) {
-            int fd = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-            if (fd >= 0) {
-                if (s->ncl == s->cap_cl) {
-                    size_t nc = s->cap_cl ? s->cap_cl * 2 : 16;
-                    client *ncl = realloc(s->cl, nc * sizeof *ncl);
-                    if (!ncl) {
-                        close(fd);
-                        continue;
-                    }
-                    s->cl = ncl;
-                    s->cap_cl = nc;
-                }
-                cm_net_tune(fd);
-                s->cl[s->ncl++] = (client){fd, NULL, 0, 0, NULL, 0, 0, 0};
-            }
-        }
+        if (listening && (pf[1].revents & POLLIN)) accept_some(s);
     }
     free(pf);
     return NULL;
 }
 
+ct_store_options ct_store_options_default(void)
+{
+    ct_store_options o;
+    memset(&o, 0, sizeof o);
+    o.handshake_s = cm_handshake_s();
+    return o;
+}
+
 ct_status ct_store_server_start(const char *host, int port, ct_store_server **out)
 {
-    if (!out) return ct_error(CT_EINVAL, "ct_store_server_start: out must not be NULL");
+    return ct_store_server_start_opts(host, port, NULL, out);
+}
+
+ct_status ct_store_server_start_opts(const char *host, int port, const ct_store_options *opt,
+                                     ct_store_server **out)
+{
+    const char *fn = "ct_store_server_start";
+    if (!out) return ct_error(CT_EINVAL, "%s: out must not be NULL", fn);
     *out = NULL;
     if (port < 0 || port > 65535)
-        return ct_error(CT_EINVAL, "ct_store_server_start: port %d is not in [0, 65535]", port);
+        return ct_error(CT_EINVAL, "%s: port %d is not in [0, 65535]", fn, port);
+    ct_store_options o = opt ? *opt : ct_store_options_default();
+    if (!(o.handshake_s > 0) || !(o.handshake_s < 1e6))
+        return ct_error(CT_EINVAL, "%s: handshake_s must be in (0, 1e6) seconds, got %g", fn,
+                        o.handshake_s);
+    if (!host || !*host) host = "127.0.0.1";
     ct_store_server *s;
     CT_TRY(ct_calloc((void **)&s, sizeof *s));
-    ct_status st = cm_net_listen(host, port, &s->lfd, &s->port);
+    s->lfd = -1;
+    ct_status st = cm_key_resolve(fn, o.secret, &s->key);
+    if (!st && !s->key.set && !cm_ip_is_loopback(host))
+        st = ct_error(CT_EINVAL,
+                      "%s: serving on '%s' (not a loopback address) needs a job secret: set "
+                      "CT_JOB_SECRET (ctorch launch makes one) or options .secret",
+                      fn, host);
+    if (!st) st = cm_net_listen(host, port, &s->lfd, &s->port);
     if (st) {
+        cm_key_wipe(&s->key);
         ct_free(s);
         return st;
     }
+    if (!s->key.set) cm_warn_no_secret("store server");
+    s->handshake_s = o.handshake_s;
+    pthread_mutex_init(&s->stats_mu, NULL);
     if (pipe2(s->wake, O_CLOEXEC) != 0) {
         close(s->lfd);
         ct_free(s);
-        return ct_error(CT_EIO, "ct_store_server_start: pipe: %s", strerror(errno));
+        return ct_error(CT_EIO, "%s: pipe: %s", fn, strerror(errno));
     }
     cm_net_nonblock(s->lfd, 1);
     if (pthread_create(&s->th, NULL, server_main, s) != 0) {
@@ -314,7 +546,7 @@ ct_status ct_store_server_start(const char *host, int port, ct_store_server **ou
         close(s->wake[0]);
         close(s->wake[1]);
         ct_free(s);
-        return ct_error(CT_EIO, "ct_store_server_start: cannot start the server thread");
+        return ct_error(CT_EIO, "%s: cannot start the server thread", fn);
     }
     *out = s;
     return CT_OK;
@@ -325,13 +557,15 @@ int ct_store_server_port(const ct_store_server *s)
     return s ? s->port : 0;
 }
 
-void ct_store_server_free(ct_store_server *s)
+void cm_store_server_stats(ct_store_server *s, cm_store_stats *out)
 {
-    if (!s) return;
-    char b = 1;
-    ssize_t w = write(s->wake[1], &b, 1);
-    (void)w;
-    pthread_join(s->th, NULL);
+    pthread_mutex_lock(&s->stats_mu);
+    *out = s->stats;
+    pthread_mutex_unlock(&s->stats_mu);
+}
+
+static void server_free_state(ct_store_server *s)
+{
     while (s->ncl)
         client_close(s, s->ncl - 1);
     free(s->cl);
@@ -340,20 +574,70 @@ void ct_store_server_free(ct_store_server *s)
         free(s->kvs[i].val);
     }
     free(s->kvs);
+    cm_key_wipe(&s->key);
+    pthread_mutex_destroy(&s->stats_mu);
+}
+
+void ct_store_server_free(ct_store_server *s)
+{
+    if (!s) return;
+    char b = 1;
+    ssize_t w = write(s->wake[1], &b, 1);
+    (void)w;
+    pthread_join(s->th, NULL);
     close(s->lfd);
     close(s->wake[0]);
     close(s->wake[1]);
+    server_free_state(s);
     ct_free(s);
+}
+
+size_t cm_store_fuzz_feed(const uint8_t *data, size_t n, int authenticated)
+{
+    ct_store_server s;
+    memset(&s, 0, sizeof s);
+    s.lfd = -1;
+    s.handshake_s = 10;
+    pthread_mutex_init(&s.stats_mu, NULL);
+    size_t sent = 0;
+    if (client_add(&s, -1) == 0) {
+        client *c = &s.cl[0];
+        if (authenticated) {
+            c->authed = 1;
+            c->out_len = c->out_off = 0;
+        }
+        size_t off = 0;
+        for (;;) {
+            size_t room = in_room(c), k = n - off < room ? n - off : room;
+            if (k) {
+                if (buf_reserve(&c->in, &c->in_cap, c->in_len + k,
+                                c->authed ? ST_IN_CAP : CM_HS_STORE_PROOF_BYTES))
+                    break;
+                memcpy(c->in + c->in_len, data + off, k);
+                c->in_len += k;
+                off += k;
+            }
+            size_t had = c->in_len;
+            if (client_process(&s, c)) break;
+            if (c->in_cap + c->out_cap > CT_STORE_MAX_CLIENT_BYTES) __builtin_trap();
+            sent += c->out_len - c->out_off;
+            c->out_off = c->out_len = 0; /* the peer read everything */
+            if (!k && c->in_len == had) break;
+        }
+    }
+    server_free_state(&s);
+    return sent;
 }
 
 /* ---- client ---------------------------------------------------------------------------- */
 
 struct ct_store {
     pthread_mutex_t mu;
-    int fd;
+    int fd; /* -1 once the stream broke (a reply out of protocol): every request fails */
     double op_timeout;
     char host[256];
     int port;
+    int secret;
     int64_t ids;
 };
 
@@ -365,18 +649,92 @@ int64_t cm_store_next_id(ct_store *s)
     return id;
 }
 
+int cm_store_has_secret(const ct_store *s)
+{
+    return s->secret;
+}
+
+const char *cm_store_host(const ct_store *s)
+{
+    return s->host;
+}
+
+/* The client's half of the handshake on a fresh connection. */
+static ct_status client_handshake(int fd, const cm_key *key, const char *host, int port,
+                                  double deadline)
+{
+    const char *fn = "ct_store_connect";
+    uint8_t ch[CM_HS_CHALLENGE_BYTES], ns[CM_NONCE_BYTES], pr[CM_HS_STORE_PROOF_BYTES];
+    uint8_t mine[CM_MAC_BYTES], theirs[CM_MAC_BYTES];
+    ct_status st = cm_net_recv_all(fd, ch, sizeof ch, deadline);
+    if (st)
+        return ct_error_wrap(st == CT_ETIMEDOUT ? CT_ETIMEDOUT : CT_EPEER,
+                             "%s: %s:%d sent no store challenge", fn, host, port);
+    if (cm_hs_parse_challenge(ch, sizeof ch, CM_HS_STORE_MAGIC, ns))
+        return ct_error(CT_EPEER,
+                        "%s: %s:%d is not a ctorch store of this version (bad challenge)", fn,
+                        host, port);
+    CT_TRY(cm_random(pr, CM_NONCE_BYTES));
+    cm_mac(key, "ctorch store client v1", ns, pr, NULL, 0, pr + CM_NONCE_BYTES);
+    st = cm_net_send_all(fd, pr, sizeof pr, deadline);
+    if (!st) st = cm_net_recv_all(fd, theirs, sizeof theirs, deadline);
+    if (st == CT_ETIMEDOUT)
+        return ct_error(CT_ETIMEDOUT, "%s: store %s:%d did not finish the handshake in time", fn,
+                        host, port);
+    if (st)
+        return ct_error(CT_EPEER,
+                        "%s: store %s:%d refused this connection: the job secret does not match "
+                        "(CT_JOB_SECRET %s)",
+                        fn, host, port, key->set ? "differs from the store's" : "is not set");
+    cm_mac(key, "ctorch store server v1", ns, pr, NULL, 0, mine);
+    if (!cm_mac_equal(mine, theirs)) {
+        ct_log(CT_LOG_WARN, "comm",
+               "{\"event\":\"auth_failed\",\"where\":\"store client\",\"peer\":\"%s:%d\","
+               "\"msg\":\"the store did not prove the job secret: dropped\"}",
+               host, port);
+        return ct_error(CT_EPEER, "%s: %s:%d did not prove the job secret (not this job's store)",
+                        fn, host, port);
+    }
+    return CT_OK;
+}
+
 ct_status ct_store_connect(const char *host, int port, double timeout_s, ct_store **out)
 {
-    if (!out) return ct_error(CT_EINVAL, "ct_store_connect: out must not be NULL");
+    return ct_store_connect_opts(host, port, timeout_s, NULL, out);
+}
+
+ct_status ct_store_connect_opts(const char *host, int port, double timeout_s,
+                                const ct_store_options *opt, ct_store **out)
+{
+    const char *fn = "ct_store_connect";
+    if (!out) return ct_error(CT_EINVAL, "%s: out must not be NULL", fn);
     *out = NULL;
-    if (!host || !*host)
-        return ct_error(CT_EINVAL, "ct_store_connect: host must be a name or address");
+    if (!host || !*host) return ct_error(CT_EINVAL, "%s: host must be a name or address", fn);
     if (port <= 0 || port > 65535)
-        return ct_error(CT_EINVAL, "ct_store_connect: port %d is not in [1, 65535]", port);
-    if (!(timeout_s > 0)) return ct_error(CT_EINVAL, "ct_store_connect: timeout_s must be > 0");
+        return ct_error(CT_EINVAL, "%s: port %d is not in [1, 65535]", fn, port);
+    if (!(timeout_s > 0)) return ct_error(CT_EINVAL, "%s: timeout_s must be > 0", fn);
+    ct_store_options o = opt ? *opt : ct_store_options_default();
+    cm_key key;
+    CT_TRY(cm_key_resolve(fn, o.secret, &key));
+    if (!key.set && !cm_ip_is_loopback(host))
+        return ct_error(CT_EINVAL,
+                        "%s: store host '%s' is not a loopback address: a job secret is needed "
+                        "(CT_JOB_SECRET or options .secret)",
+                        fn, host);
     int fd;
-    ct_status st = cm_net_connect(host, port, cm_now() + timeout_s, &fd);
-    if (st) return ct_error_wrap(st, "ct_store_connect");
+    double deadline = cm_now() + timeout_s;
+    ct_status st = cm_net_connect(host, port, deadline, &fd);
+    if (st) return ct_error_wrap(st, "%s", fn);
+    /* The server answers at once; give a slow one at least a few seconds. */
+    double hs_deadline = deadline > cm_now() + 5 ? deadline : cm_now() + 5;
+    st = client_handshake(fd, &key, host, port, hs_deadline);
+    int secret = key.set;
+    cm_key_wipe(&key);
+    if (st) {
+        close(fd);
+        return st;
+    }
+    if (!secret) cm_warn_no_secret("store client");
     ct_store *s;
     if ((st = ct_calloc((void **)&s, sizeof *s))) {
         close(fd);
@@ -384,6 +742,7 @@ ct_status ct_store_connect(const char *host, int port, double timeout_s, ct_stor
     }
     pthread_mutex_init(&s->mu, NULL);
     s->fd = fd;
+    s->secret = secret;
     s->op_timeout = timeout_s < 30 ? 30 : timeout_s;
     snprintf(s->host, sizeof s->host, "%s", host);
     s->port = port;
@@ -394,7 +753,7 @@ ct_status ct_store_connect(const char *host, int port, double timeout_s, ct_stor
 void ct_store_free(ct_store *s)
 {
     if (!s) return;
-    close(s->fd);
+    if (s->fd >= 0) close(s->fd);
     pthread_mutex_destroy(&s->mu);
     ct_free(s);
 }
@@ -435,6 +794,12 @@ static ct_status request(ct_store *s, const char *fn, uint8_t cmd, const char *k
         off += 4 + fl[i];
     }
     pthread_mutex_lock(&s->mu);
+    if (s->fd < 0) {
+        pthread_mutex_unlock(&s->mu);
+        ct_free(req);
+        return ct_error(CT_EIO, "%s: the connection to store %s:%d broke earlier", fn, s->host,
+                        s->port);
+    }
     double deadline = cm_now() + s->op_timeout;
     ct_status st = cm_net_send_all(s->fd, req, off, deadline);
     ct_free(req);
@@ -444,19 +809,26 @@ static ct_status request(ct_store *s, const char *fn, uint8_t cmd, const char *k
     if (!st) {
         memcpy(&len, hdr, 4);
         *status = hdr[4];
-        if (len > 1) {
-            if (len < 5)
-                st = ct_error(CT_EFORMAT, "%s: malformed store reply", fn);
-            else
-                st = cm_net_recv_all(s->fd, &flen, 4, deadline);
-            if (!st && flen != len - 5) st = ct_error(CT_EFORMAT, "%s: malformed store reply", fn);
-        }
+        /* A reply is [status] or [status][u32 n][n bytes] with n <= one value. */
+        if (len == 0 || (len > 1 && (len < 5 || len - 5 > ST_MAX_VAL)) || *status > ST_BAD)
+            st = ct_error(CT_EFORMAT,
+                          "%s: malformed store reply (%u bytes, status %u; at most %u bytes)", fn,
+                          len, (unsigned)*status, ST_MAX_VAL + 5);
+        else if (len > 1)
+            st = cm_net_recv_all(s->fd, &flen, 4, deadline);
+        if (!st && len > 1 && flen != len - 5)
+            st = ct_error(CT_EFORMAT, "%s: malformed store reply (field of %u in %u bytes)", fn,
+                          flen, len);
     }
     void *val = NULL;
     if (!st && len > 1) {
         st = ct_alloc(&val, (size_t)flen + 1);
         if (!st) st = cm_net_recv_all(s->fd, val, flen, deadline);
         if (!st) ((char *)val)[flen] = 0;
+    }
+    if (st) { /* the stream is out of step now: nothing more can be read from it */
+        close(s->fd);
+        s->fd = -1;
     }
     pthread_mutex_unlock(&s->mu);
     if (st) {

@@ -77,14 +77,6 @@ static void host_id(char *buf, size_t cap)
         if (*p == '|' || *p == ' ') *p = '_';
 }
 
-static uint64_t hash64(const char *s)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++)
-        h = (h ^ (uint8_t)*s) * 1099511628211ull;
-    return h;
-}
-
 typedef struct peer_addr {
     char ip[64];
     int port, pid, shm;
@@ -111,11 +103,6 @@ static ct_status parse_addr(const char *v, peer_addr *a)
     snprintf(a->host, sizeof a->host, "%.199s", f[4]);
     return CT_OK;
 }
-
-typedef struct hello {
-    uint32_t magic, rank;
-    uint64_t hash;
-} hello;
 
 static ct_status gather_addrs(ct_comm *c, peer_addr *addrs, double deadline)
 {
@@ -221,6 +208,213 @@ static ct_status map_peer(ct_comm *c, cm_link *l, const char *name, int my_index
     return CT_OK;
 }
 
+/* ---- rank handshake --------------------------------------------------------------------- */
+
+#define PENDING_MAX 64
+
+/* Connector side: answer rank `to`'s challenge with our proof, check its proof. */
+static ct_status hs_connect(ct_comm *c, int fd, int to, double deadline)
+{
+    uint8_t ch[CM_HS_CHALLENGE_BYTES], ns[CM_NONCE_BYTES], msg[CM_HS_HELLO_BYTES];
+    uint8_t ctx[520], theirs[CM_MAC_BYTES], want[CM_MAC_BYTES];
+    size_t cl;
+    CT_TRY(cm_net_recv_all(fd, ch, sizeof ch, deadline));
+    if (cm_hs_parse_challenge(ch, sizeof ch, CM_HS_RANK_MAGIC, ns))
+        return ct_error(CT_EPEER, "its challenge is not a ctorch rank handshake");
+    cm_hello h;
+    h.rank = (uint32_t)c->rank;
+    CT_TRY(cm_random(h.nc, sizeof h.nc));
+    cm_hs_rank_ctx(c->prefix, (uint32_t)c->rank, (uint32_t)to, ctx, &cl);
+    cm_mac(&c->key, "ctorch rank hello v1", ns, h.nc, ctx, cl, h.mac);
+    cm_hs_write_hello(msg, &h);
+    CT_TRY(cm_net_send_all(fd, msg, sizeof msg, deadline));
+    ct_status st = cm_net_recv_all(fd, theirs, sizeof theirs, deadline);
+    if (st == CT_EPEER)
+        return ct_error(CT_EPEER, "it refused our proof of the job secret (CT_JOB_SECRET differs?)");
+    CT_TRY(st);
+    cm_hs_rank_ctx(c->prefix, (uint32_t)to, (uint32_t)c->rank, ctx, &cl);
+    cm_mac(&c->key, "ctorch rank accept v1", ns, h.nc, ctx, cl, want);
+    if (!cm_mac_equal(want, theirs)) {
+        cm_log_event(c, CT_LOG_WARN, "auth_failed",
+                     "\"peer_rank\":%d,\"msg\":\"the listener did not prove the job secret\"", to);
+        return ct_error(CT_EPEER, "it did not prove the job secret (not a rank of this job)");
+    }
+    return CT_OK;
+}
+
+typedef struct pending {
+    int fd;
+    double deadline;
+    uint8_t ns[CM_NONCE_BYTES];
+    uint8_t buf[CM_HS_HELLO_BYTES];
+    size_t got;
+    char ip[64];
+} pending;
+
+static void pend_drop(pending *pq, int *n, int i)
+{
+    close(pq[i].fd);
+    pq[i] = pq[--*n];
+}
+
+/* Acceptor side, one hello complete: the connecting rank, or -1 (logged) to drop it. */
+static int hs_check(ct_comm *c, pending *q)
+{
+    cm_hello h;
+    if (cm_hs_parse_hello(q->buf, sizeof q->buf, &h)) {
+        cm_log_event(c, CT_LOG_WARN, "auth_failed",
+                     "\"peer\":\"%s\",\"msg\":\"not a ctorch rank hello: dropped\"", q->ip);
+        return -1;
+    }
+    uint8_t ctx[520], want[CM_MAC_BYTES];
+    size_t cl;
+    int from = (int)h.rank;
+    if (h.rank <= (uint32_t)c->rank || h.rank >= (uint32_t)c->size) {
+        cm_log_event(c, CT_LOG_WARN, "auth_failed",
+                     "\"peer\":\"%s\",\"claimed_rank\":%u,\"msg\":\"no such higher rank: dropped\"",
+                     q->ip, h.rank);
+        return -1;
+    }
+    cm_hs_rank_ctx(c->prefix, h.rank, (uint32_t)c->rank, ctx, &cl);
+    cm_mac(&c->key, "ctorch rank hello v1", q->ns, h.nc, ctx, cl, want);
+    if (!cm_mac_equal(want, h.mac)) {
+        cm_log_event(c, CT_LOG_WARN, "auth_failed",
+                     "\"peer\":\"%s\",\"claimed_rank\":%d,\"msg\":\"wrong proof of the job "
+                     "secret: dropped\"",
+                     q->ip, from);
+        return -1;
+    }
+    if (c->links[from].fd >= 0) {
+        cm_log_event(c, CT_LOG_WARN, "auth_failed",
+                     "\"peer\":\"%s\",\"claimed_rank\":%d,\"msg\":\"rank already connected: "
+                     "dropped\"",
+                     q->ip, from);
+        return -1;
+    }
+    cm_hs_rank_ctx(c->prefix, (uint32_t)c->rank, h.rank, ctx, &cl);
+    cm_mac(&c->key, "ctorch rank accept v1", q->ns, h.nc, ctx, cl, want);
+    double dl = cm_now() + 1.0 < q->deadline ? cm_now() + 1.0 : q->deadline;
+    if (cm_net_send_all(q->fd, want, sizeof want, dl) != CT_OK) return -1;
+    return from;
+}
+
+/* Accept the ranks above us: every connection must prove the secret within the handshake
+ * deadline; several are handled at once, so a stalled or hostile one delays nobody. */
+static ct_status accept_ranks(ct_comm *c, int lfd, double deadline)
+{
+    int P = c->size, r = c->rank;
+    pending pq[PENDING_MAX];
+    int npq = 0;
+    double hs = cm_handshake_s(), paused_until = 0;
+    ct_status st = CT_OK;
+    for (int got = 0; got < P - 1 - r;) {
+        double now = cm_now();
+        if (now >= deadline) {
+            int miss[64], nm = 0;
+            for (int p = r + 1; p < P && nm < 64; p++)
+                if (c->links[p].fd < 0) miss[nm++] = p;
+            char list[400];
+            cm_format_ranks(list, sizeof list, miss, nm);
+            st = ct_error(CT_ETIMEDOUT,
+                          "comm init '%s': ranks %s did not connect to rank %d in time", c->name,
+                          list, r);
+            break;
+        }
+        struct pollfd pf[PENDING_MAX + 1];
+        double wake = deadline;
+        int listening = now >= paused_until;
+        pf[0] = (struct pollfd){listening ? lfd : -1, POLLIN, 0};
+        if (!listening && paused_until < wake) wake = paused_until;
+        for (int i = 0; i < npq; i++) {
+            pf[i + 1] = (struct pollfd){pq[i].fd, POLLIN, 0};
+            if (pq[i].deadline < wake) wake = pq[i].deadline;
+        }
+        double d = wake - now;
+        int ms = d <= 0 ? 0 : d > 1000 ? 1000000 : (int)(d * 1000) + 1;
+        int pr = poll(pf, (nfds_t)npq + 1, ms);
+        if (pr < 0 && errno != EINTR) {
+            st = ct_error(CT_EIO, "comm init: poll: %s", strerror(errno));
+            break;
+        }
+        now = cm_now();
+        /* Pending connections (from the last: dropping moves the last one into i). */
+        for (int i = npq; i-- > 0;) {
+            pending *q = &pq[i];
+            if (pr > 0 && pf[i + 1].revents) {
+                ssize_t k = recv(q->fd, q->buf + q->got, sizeof q->buf - q->got, MSG_DONTWAIT);
+                if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+                    pend_drop(pq, &npq, i);
+                    continue;
+                }
+                if (k > 0) q->got += (size_t)k;
+                if (q->got == sizeof q->buf) {
+                    int from = hs_check(c, q);
+                    if (from < 0) {
+                        pend_drop(pq, &npq, i);
+                    } else {
+                        cm_net_nonblock(q->fd, 0);
+                        c->links[from].fd = q->fd;
+                        got++;
+                        pq[i] = pq[--npq];
+                    }
+                    continue;
+                }
+            }
+            if (now >= q->deadline) {
+                cm_log_event(c, CT_LOG_WARN, "handshake_timeout",
+                             "\"peer\":\"%s\",\"msg\":\"no proof of the job secret within %.3g "
+                             "s: dropped\"",
+                             q->ip, hs);
+                pend_drop(pq, &npq, i);
+            }
+        }
+        if (pr > 0 && listening && (pf[0].revents & POLLIN)) {
+            int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+            if (fd < 0) {
+                if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK &&
+                    errno != ECONNABORTED) {
+                    /* Out of descriptors: shed the oldest stranger, pause accepting. */
+                    if (npq) {
+                        int old = 0;
+                        for (int i = 1; i < npq; i++)
+                            if (pq[i].deadline < pq[old].deadline) old = i;
+                        pend_drop(pq, &npq, old);
+                    }
+                    paused_until = now + 0.05;
+                }
+                continue;
+            }
+            if (npq == PENDING_MAX) { /* full: shed the oldest */
+                int old = 0;
+                for (int i = 1; i < npq; i++)
+                    if (pq[i].deadline < pq[old].deadline) old = i;
+                pend_drop(pq, &npq, old);
+            }
+            pending *q = &pq[npq];
+            memset(q, 0, sizeof *q);
+            q->fd = fd;
+            q->deadline = now + hs < deadline ? now + hs : deadline;
+            snprintf(q->ip, sizeof q->ip, "?");
+            cm_net_peer_ip(fd, q->ip, sizeof q->ip);
+            cm_net_tune(fd);
+            uint8_t ch[CM_HS_CHALLENGE_BYTES];
+            if (cm_random(q->ns, sizeof q->ns) != CT_OK) {
+                close(fd);
+                continue;
+            }
+            cm_hs_write_challenge(ch, CM_HS_RANK_MAGIC, q->ns);
+            if (send(fd, ch, sizeof ch, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof ch) {
+                close(fd);
+                continue;
+            }
+            npq++;
+        }
+    }
+    for (int i = npq; i-- > 0;)
+        pend_drop(pq, &npq, i);
+    return st;
+}
+
 ct_status cm_tcp_setup(ct_comm *c, double deadline)
 {
     int P = c->size, r = c->rank;
@@ -238,8 +432,15 @@ ct_status cm_tcp_setup(ct_comm *c, double deadline)
     int lfd = -1, lport = 0;
     ct_status st = ct_calloc((void **)&a, sizeof(peer_addr) * (size_t)P);
     char ip[64], hid[200], rec[512], key[700];
-    if (!st) st = cm_net_listen(NULL, 0, &lfd, &lport);
+    /* Listen on the interface that reaches the store (loopback for a loopback store), not on
+     * every interface. */
     if (!st) st = cm_store_local_ip(c->store, ip, sizeof ip);
+    if (!st && !c->key.set && !cm_ip_is_loopback(ip))
+        st = ct_error(CT_EINVAL,
+                      "comm init '%s': rank %d reaches the store through %s (not loopback): a "
+                      "job secret is needed (CT_JOB_SECRET or ct_comm_options.secret)",
+                      c->name, r, ip);
+    if (!st) st = cm_net_listen(ip, 0, &lfd, &lport);
     if (!st) {
         host_id(hid, sizeof hid);
         snprintf(rec, sizeof rec, "%s|%d|%d|%d|%s", ip, lport, (int)getpid(),
@@ -248,6 +449,13 @@ ct_status cm_tcp_setup(ct_comm *c, double deadline)
         st = ct_store_set(c->store, key, rec, strlen(rec));
     }
     if (!st) st = gather_addrs(c, a, deadline);
+    for (int p = 0; !st && !c->key.set && p < P; p++)
+        if (!cm_ip_is_loopback(a[p].ip))
+            st = ct_error(CT_EINVAL,
+                          "comm init '%s': rank %d is at %s (not loopback): a job without a "
+                          "secret must stay on loopback (set CT_JOB_SECRET on every rank)",
+                          c->name, p, a[p].ip);
+    if (!st && !c->key.set && r == 0) cm_warn_no_secret("comm");
     int nlocal = 0;
     if (!st) {
         for (int p = 0; p < P; p++) {
@@ -276,39 +484,15 @@ ct_status cm_tcp_setup(ct_comm *c, double deadline)
                            &c->links[p].rx_slot, &c->links[p].rx_data);
         }
     }
-    /* Connect to lower ranks, accept higher ones. */
-    uint64_t h = hash64(c->prefix);
+    /* Connect to lower ranks, accept higher ones; every link proves the job secret. */
     for (int p = 0; !st && p < r; p++) {
         st = cm_net_connect(a[p].ip, a[p].port, deadline, &c->links[p].fd);
-        hello m = {0x6374686cu, (uint32_t)r, h};
-        if (!st) st = cm_net_send_all(c->links[p].fd, &m, sizeof m, deadline);
+        if (!st) st = hs_connect(c, c->links[p].fd, p, deadline);
         if (st)
-            st = ct_error_wrap(st, "comm init '%s': rank %d cannot reach rank %d at %s:%d",
+            st = ct_error_wrap(st, "comm init '%s': rank %d cannot join rank %d at %s:%d",
                                c->name, r, p, a[p].ip, a[p].port);
     }
-    for (int got = 0; !st && got < P - 1 - r;) {
-        int fd;
-        st = cm_net_accept(lfd, deadline, &fd);
-        if (st) {
-            int miss[64], nm = 0;
-            for (int p = r + 1; p < P && nm < 64; p++)
-                if (c->links[p].fd < 0) miss[nm++] = p;
-            char list[400];
-            cm_format_ranks(list, sizeof list, miss, nm);
-            st = ct_error(CT_ETIMEDOUT,
-                          "comm init '%s': ranks %s did not connect to rank %d in time", c->name,
-                          list, r);
-            break;
-        }
-        hello m;
-        if (cm_net_recv_all(fd, &m, sizeof m, deadline) != CT_OK || m.magic != 0x6374686cu ||
-            m.hash != h || (int)m.rank <= r || (int)m.rank >= P || c->links[m.rank].fd >= 0) {
-            close(fd); /* a stray or duplicate connection */
-            continue;
-        }
-        c->links[m.rank].fd = fd;
-        got++;
-    }
+    if (!st) st = accept_ranks(c, lfd, deadline);
     if (lfd >= 0) close(lfd);
     /* Same-host peers: swap segment names, map, and unlink once everyone has mapped. */
     for (int p = 0; !st && p < P; p++) {
