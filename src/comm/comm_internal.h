@@ -108,6 +108,9 @@ void cm_store_server_stats(ct_store_server *s, cm_store_stats *out);
  * else the handshake first); returns the bytes the server would send back (count only).
  * No sockets, no thread: the fuzz target of the store protocol. */
 size_t cm_store_fuzz_feed(const uint8_t *data, size_t n, int authenticated);
+/* Parse n bytes as a store's reply to one GET, as a client does (through a socket pair);
+ * returns the value length accepted (0 if refused). */
+size_t cm_store_fuzz_reply(const uint8_t *data, size_t n);
 
 /* ---- reductions (reduce.c) ------------------------------------------------------------- */
 /* acc[i] = acc[i] op in[i] for dtypes f32, f64, i32, i64, u8 (AVG acts as SUM). */

@@ -42,6 +42,11 @@ for t in "${TARGETS[@]}"; do
   case $t in  # the Hugging Face JSON targets: seeds written by a script
     fuzz_hf_*) seeds="$BUILD/fuzz-seeds/$t"; /usr/bin/python3 tests/fuzz/make_hf_corpus.py "$t" "$seeds" ;;
   esac
+  if [ "$t" = fuzz_store_frames ] || [ "$t" = fuzz_comm_handshake ]; then  # comm: script-made
+    seeds="$BUILD/fuzz-seeds/comm"
+    mkdir -p "$seeds"
+    /usr/bin/python3 tests/fuzz/make_comm_corpus.py "$seeds"
+  fi
   echo "== $t: ${SECONDS_PER_TARGET} s"
   if ! "$BUILD/$t" "$work" "$seeds" -max_total_time="$SECONDS_PER_TARGET" -max_len=65536 \
        -timeout=10 -rss_limit_mb=2048 -jobs="$JOBS" -workers="$JOBS" -print_final_stats=1 \
