@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -27,8 +28,11 @@ typedef struct stream {
 } stream;
 
 typedef struct rank_proc {
-    pid_t pid;
+    pid_t pid; /* also its process group */
     int running;
+    int group;        /* its process group may still have members */
+    double group_end; /* after the rank ended: SIGKILL its group at this time */
+    int killed;       /* its group got SIGKILL */
     int status;     /* from waitpid */
     int terminated; /* ended by the launcher */
     double t_end;
@@ -126,6 +130,39 @@ static void describe_status(int st, char *buf, size_t cap)
 static int exit_code(int st)
 {
     return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : 1;
+}
+
+/* Remove the shared-memory segments a rank made (/dev/shm/ctorch.<pid>.*): a rank killed
+ * between creating and unlinking one leaves it behind. */
+static void remove_segments(pid_t pid, int rank)
+{
+    DIR *d = opendir("/dev/shm");
+    if (!d) return;
+    char pre[40];
+    int pl = snprintf(pre, sizeof pre, "ctorch.%d.", (int)pid);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, pre, (size_t)pl)) continue;
+        char nm[300];
+        snprintf(nm, sizeof nm, "/%s", e->d_name);
+        if (shm_unlink(nm) == 0) {
+            char fields[400];
+            snprintf(fields, sizeof fields, "{\"rank\":%d,\"pid\":%d,\"segment\":\"%s\"}", rank,
+                     (int)pid, nm);
+            event("shm_cleanup", fields, "removed rank %d's shared memory %s (it died holding it)",
+                  rank, nm);
+        }
+    }
+    closedir(d);
+}
+
+/* Signal a rank's process group (the rank and whatever it started there); notes when the
+ * group is gone. */
+static void signal_group(rank_proc *p, int sig)
+{
+    if (!p->pid || !p->group) return;
+    if (sig == SIGKILL) p->killed = 1;
+    if (kill(-p->pid, sig) != 0 && errno == ESRCH) p->group = 0;
 }
 
 static void launch_usage(FILE *f)
@@ -378,10 +415,12 @@ int cli_launch_run(const cli_launch_opts *o, char *const *prog)
             fprintf(stderr, "ctorch launch: cannot run %s: %s\n", prog[0], strerror(errno));
             _exit(127);
         }
+        setpgid(pid, pid); /* as the child does: no window where a signal misses its group */
         close(po[1]);
         close(pe[1]);
         rp[r].pid = pid;
         rp[r].running = 1;
+        rp[r].group = 1;
         rp[r].s[0] = (stream){po[0], stdout, {0}, 0};
         rp[r].s[1] = (stream){pe[0], stderr, {0}, 0};
         running++;
@@ -390,10 +429,11 @@ int cli_launch_run(const cli_launch_opts *o, char *const *prog)
     int terminating = fatal;
     if (fatal) {
         for (int r = 0; r < nproc; r++)
-            if (rp[r].running) kill(-rp[r].pid, SIGTERM);
+            signal_group(&rp[r], SIGTERM);
         kill_at = now_s() + grace;
         failed_code = 1;
     }
+    double drain_until = 0; /* every group killed: stop waiting for escaped holders of a pipe */
     struct pollfd *pf = calloc((size_t)nproc * 2, sizeof *pf);
     int *who = calloc((size_t)nproc * 2, sizeof *who);
     for (;;) {
@@ -404,7 +444,15 @@ int cli_launch_run(const cli_launch_opts *o, char *const *prog)
                     pf[nf] = (struct pollfd){rp[r].s[k].fd, POLLIN, 0};
                     who[nf++] = r * 2 + k;
                 }
-        if (nf == 0 && running == 0) break;
+        if (running == 0) {
+            /* Every rank ended: what is left in their groups (orphans holding a pipe) is
+             * ended too, SIGTERM at the rank's exit, SIGKILL a grace period later. */
+            int groups = 0;
+            for (int r = 0; r < nproc; r++)
+                groups += rp[r].group && !rp[r].killed;
+            if (groups == 0 && drain_until == 0) drain_until = now_s() + 1.0;
+            if (nf == 0 || (drain_until > 0 && now_s() > drain_until)) break;
+        }
         poll(pf, (nfds_t)nf, 20);
         for (int k = 0; k < nf; k++) {
             if (!pf[k].revents) continue;
@@ -425,6 +473,9 @@ int cli_launch_run(const cli_launch_opts *o, char *const *prog)
             rp[r].status = ws;
             rp[r].t_end = now_s() - t0;
             running--;
+            remove_segments(pid, r);
+            signal_group(&rp[r], SIGTERM);
+            rp[r].group_end = now_s() + grace;
             char how[160];
             describe_status(ws, how, sizeof how);
             int ok = WIFEXITED(ws) && WEXITSTATUS(ws) == 0;
@@ -453,12 +504,13 @@ int cli_launch_run(const cli_launch_opts *o, char *const *prog)
                 terminating = 1;
                 kill_at = now_s() + grace;
                 int others = 0;
-                for (int q = 0; q < nproc; q++)
+                for (int q = 0; q < nproc; q++) {
                     if (rp[q].running) {
                         rp[q].terminated = 1;
-                        kill(-rp[q].pid, SIGTERM);
                         others++;
                     }
+                    signal_group(&rp[q], SIGTERM);
+                }
                 if (others)
                     event("terminate", NULL,
                           "rank %d failed: ending the %d other running ranks (SIGTERM, SIGKILL "
@@ -466,33 +518,49 @@ int cli_launch_run(const cli_launch_opts *o, char *const *prog)
                           r, others, grace);
             }
         }
-        if (g_signal && !terminating) {
-            terminating = 1;
-            kill_at = now_s() + grace;
-            event("signal", NULL, "got signal %d: ending the ranks", (int)g_signal);
-            for (int q = 0; q < nproc; q++)
-                if (rp[q].running) {
-                    rp[q].terminated = 1;
-                    kill(-rp[q].pid, SIGTERM);
-                }
-            if (!failed_code) failed_code = 128 + (int)g_signal;
+        if (g_signal) {
+            /* Forward SIGINT / SIGTERM to every rank's process group (each time one comes);
+             * SIGKILL follows after the grace period. */
+            int sig = (int)g_signal;
+            g_signal = 0;
+            event("signal", NULL, "got signal %d (%s): forwarding it to the ranks", sig,
+                  strsignal(sig));
+            for (int q = 0; q < nproc; q++) {
+                if (rp[q].running) rp[q].terminated = 1;
+                signal_group(&rp[q], sig);
+            }
+            if (!terminating) {
+                terminating = 1;
+                kill_at = now_s() + grace;
+            }
+            if (!failed_code) failed_code = 128 + sig;
         }
         if (max_time > 0 && !terminating && now_s() - t0 > max_time) {
             terminating = 1;
             kill_at = now_s() + grace;
             event("max_time", NULL, "the job ran past --max-time %g s: ending the ranks", max_time);
-            for (int q = 0; q < nproc; q++)
-                if (rp[q].running) {
-                    rp[q].terminated = 1;
-                    kill(-rp[q].pid, SIGTERM);
-                }
+            for (int q = 0; q < nproc; q++) {
+                if (rp[q].running) rp[q].terminated = 1;
+                signal_group(&rp[q], SIGTERM);
+            }
             if (!failed_code) failed_code = 124;
         }
         if (terminating && kill_at > 0 && now_s() > kill_at) {
             for (int q = 0; q < nproc; q++)
-                if (rp[q].running) kill(-rp[q].pid, SIGKILL);
+                signal_group(&rp[q], SIGKILL);
             kill_at = 0;
         }
+        for (int q = 0; q < nproc; q++) {
+            if (!rp[q].running && rp[q].group && rp[q].group_end > 0 && now_s() > rp[q].group_end) {
+                signal_group(&rp[q], SIGKILL);
+                rp[q].group_end = 0;
+            }
+            if (!rp[q].running && rp[q].group) signal_group(&rp[q], 0); /* still anyone? */
+        }
+    }
+    for (int q = 0; q < nproc; q++) { /* nothing of the job outlives the launcher */
+        signal_group(&rp[q], SIGKILL);
+        if (rp[q].pid) remove_segments(rp[q].pid, q);
     }
     free(pf);
     free(who);
