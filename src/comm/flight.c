@@ -3,6 +3,7 @@
 #include "comm/comm_internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -177,26 +178,61 @@ ct_status ct_comm_flight_recorder_json(ct_comm *c, const char *reason, char **js
     return st;
 }
 
+/* Write all of buf to fd. */
+static int write_all(int fd, const char *buf, size_t n)
+{
+    while (n) {
+        ssize_t w = write(fd, buf, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return -1;
+        buf += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* A temporary file made with mkstemp (O_EXCL, mode 0600) in the target's folder, fsync'd,
+ * renamed over the target, and the folder fsync'd: a crash leaves the old dump or the new
+ * one, and nobody can plant a link at a predictable temporary name. */
 static ct_status write_dump(ct_comm *c, const char *path, const char *reason)
 {
+    const char *fn = "ct_comm_flight_recorder_dump";
     char *text;
     CT_TRY(ct_comm_flight_recorder_json(c, reason, &text));
     char tmp[1100];
-    snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
-    FILE *f = fopen(tmp, "w");
+    if (snprintf(tmp, sizeof tmp, "%s.XXXXXX", path) >= (int)sizeof tmp) {
+        ct_free(text);
+        return ct_error(CT_EINVAL, "%s: path '%.80s...' is too long", fn, path);
+    }
     ct_status st = CT_OK;
-    if (!f) {
-        st = ct_error(CT_EIO, "ct_comm_flight_recorder_dump: cannot create %s: %s", tmp,
+    int fd = mkostemp(tmp, O_CLOEXEC);
+    if (fd < 0) {
+        st = ct_error(CT_EIO, "%s: cannot create a temporary file next to %s: %s", fn, path,
                       strerror(errno));
     } else {
         size_t len = strlen(text);
-        int bad = fwrite(text, 1, len, f) != len;
-        bad |= fputc('\n', f) == EOF;
-        bad |= fclose(f) != 0;
+        text[len] = '\n'; /* the NUL goes: the JSON text ends with a newline */
+        int bad = write_all(fd, text, len + 1) != 0;
+        bad |= fsync(fd) != 0;
+        bad |= close(fd) != 0;
         if (bad || rename(tmp, path) != 0) {
-            st = ct_error(CT_EIO, "ct_comm_flight_recorder_dump: cannot write %s: %s", path,
-                          strerror(errno));
+            st = ct_error(CT_EIO, "%s: cannot write %s: %s", fn, path, strerror(errno));
             unlink(tmp);
+        } else {
+            char dir[1100];
+            snprintf(dir, sizeof dir, "%s", path);
+            char *slash = strrchr(dir, '/');
+            if (slash == dir)
+                dir[1] = 0;
+            else if (slash)
+                *slash = 0;
+            else
+                snprintf(dir, sizeof dir, ".");
+            int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            if (dfd >= 0) {
+                fsync(dfd); /* best effort: the file itself is complete either way */
+                close(dfd);
+            }
         }
     }
     ct_free(text);

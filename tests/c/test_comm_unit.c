@@ -6,8 +6,10 @@
 #include "test_util.h"
 #include "../comm/comm_test_util.h" /* ct_put / ct_get */
 
+#include <dirent.h>
 #include <jansson.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -527,6 +529,64 @@ static void test_args(void)
     CHECK(ct_comm_backend_available(CT_COMM_TCP));
 }
 
+/* The flight-recorder dump (issue 14 item 8): a link planted at the old predictable
+ * temporary name (<path>.tmp<pid>) or at the target itself is never followed; the dump
+ * lands complete, and no temporary file is left. */
+static void test_fr_dump_atomic(void)
+{
+    char dir[] = "/tmp/ctorch_fr_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char path[256], victim[256], planted[300];
+    snprintf(path, sizeof path, "%s/fr.json", dir);
+    snprintf(victim, sizeof victim, "%s/victim", dir);
+    snprintf(planted, sizeof planted, "%s.tmp%d", path, (int)getpid());
+    FILE *f = fopen(victim, "w");
+    fputs("precious", f);
+    fclose(f);
+    CHECK(symlink(victim, planted) == 0);
+    ct_store *s = NULL;
+    CHECK_OK(ct_store_connect("127.0.0.1", g_port, 5, &s));
+    ct_comm_options o = ct_comm_options_default();
+    o.name = "frdump";
+    ct_comm *c = NULL;
+    CHECK_OK(ct_comm_init(s, 0, 1, &o, &c));
+    for (int round = 0; round < 2 && c; round++) {
+        CHECK_OK(ct_comm_flight_recorder_dump(c, path));
+        char buf[64] = {0};
+        f = fopen(victim, "r");
+        CHECK(f && fread(buf, 1, sizeof buf - 1, f) == 8 && !strcmp(buf, "precious"));
+        if (f) fclose(f);
+        json_error_t err;
+        json_t *j = json_load_file(path, 0, &err);
+        CHECK(j && json_integer_value(json_object_get(j, "rank")) == 0);
+        json_decref(j);
+        struct stat sb;
+        CHECK(lstat(path, &sb) == 0 && S_ISREG(sb.st_mode));
+        /* Round 2: the target itself is a link to the victim (replaced, not followed). */
+        unlink(path);
+        CHECK(symlink(victim, path) == 0);
+    }
+    CHECK_OK(ct_comm_flight_recorder_dump(c, path));
+    DIR *d = opendir(dir);
+    int entries = 0, tmps = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        entries++;
+        tmps += strcmp(e->d_name, "fr.json") && strcmp(e->d_name, "victim") &&
+                strcmp(e->d_name, strrchr(planted, '/') + 1);
+    }
+    if (d) closedir(d);
+    CHECK(entries == 3 && tmps == 0); /* fr.json, victim, the planted link */
+    CHECK_STATUS(ct_comm_flight_recorder_dump(c, "/nonexistent-dir/x/fr.json"), CT_EIO);
+    ct_comm_free(c);
+    ct_store_free(s);
+    unlink(planted);
+    unlink(path);
+    unlink(victim);
+    rmdir(dir);
+}
+
 int main(void)
 {
     ct_store_server *srv;
@@ -546,6 +606,7 @@ int main(void)
     test_abort();
     test_nan();
     test_overlap_and_log();
+    test_fr_dump_atomic();
     ct_store_server_free(srv);
     return t_report("test_comm_unit");
 }
