@@ -120,35 +120,48 @@ ct_status gpt_tensor_table(const ct_gpt_config *c, gpt_tensor **tensors, int *n)
     return CT_OK;
 }
 
-/* Point the per-layer views at the flat arrays (base = params or grads). */
-static void bind(const ct_gpt *m, float *base, gpt_weights *w)
+/* Point the per-layer views at the flat arrays (base = params or grads), or, with ptrs, at
+ * ptrs[k] for tensor k (gpt_bind: src/dist's gathered block buffers). */
+static void bind_any(const ct_gpt *m, float *base, float *const *ptrs, gpt_weights *w)
 {
+#define AT(k) (ptrs ? ptrs[k] : base + m->tensors[k].offset)
     int k = 0;
-    w->emb = base + m->tensors[k++].offset;
-    w->out = m->cfg.tied ? w->emb : base + m->tensors[k++].offset;
+    w->emb = AT(k++);
+    w->out = m->cfg.tied ? w->emb : AT(k++);
     for (int64_t l = 0; l < m->cfg.n_layer; l++) {
         gpt_layer *L = &w->layer[l];
-        L->wq = base + m->tensors[k++].offset;
-        L->wk = base + m->tensors[k++].offset;
-        L->wv = base + m->tensors[k++].offset;
-        L->wo = base + m->tensors[k++].offset;
-        L->wgu = base + m->tensors[k++].offset;
-        L->wdown = base + m->tensors[k++].offset;
+        L->wq = AT(k++);
+        L->wk = AT(k++);
+        L->wv = AT(k++);
+        L->wo = AT(k++);
+        L->wgu = AT(k++);
+        L->wdown = AT(k++);
         L->wup = L->wgu + m->cfg.d_ff * m->cfg.d_model;
     }
     for (int64_t l = 0; l < m->cfg.n_layer; l++) {
         gpt_layer *L = &w->layer[l];
-        L->norm1 = base + m->tensors[k++].offset;
-        L->norm2 = base + m->tensors[k++].offset;
+        L->norm1 = AT(k++);
+        L->norm2 = AT(k++);
         L->bq = L->bk = L->bv = L->bo = NULL;
         if (m->cfg.qkv_bias) {
-            L->bq = base + m->tensors[k++].offset;
-            L->bk = base + m->tensors[k++].offset;
-            L->bv = base + m->tensors[k++].offset;
+            L->bq = AT(k++);
+            L->bk = AT(k++);
+            L->bv = AT(k++);
         }
-        if (m->cfg.o_bias) L->bo = base + m->tensors[k++].offset;
+        if (m->cfg.o_bias) L->bo = AT(k++);
     }
-    w->norm = base + m->tensors[k].offset;
+    w->norm = AT(k);
+#undef AT
+}
+
+static void bind(const ct_gpt *m, float *base, gpt_weights *w)
+{
+    bind_any(m, base, NULL, w);
+}
+
+void gpt_bind(const ct_gpt *m, gpt_weights *w, float *const *ptrs)
+{
+    bind_any(m, NULL, ptrs, w);
 }
 
 static ct_status check_options(const ct_gpt_config *c, ct_gpt_options *o)
@@ -172,6 +185,12 @@ static ct_status check_options(const ct_gpt_config *c, ct_gpt_options *o)
 }
 
 ct_status ct_gpt_create(const ct_gpt_config *cfg, const ct_gpt_options *opt, ct_gpt **out)
+{
+    return gpt_create(cfg, opt, true, out);
+}
+
+ct_status gpt_create(const ct_gpt_config *cfg, const ct_gpt_options *opt, bool own_params,
+                     ct_gpt **out)
 {
     if (!out) return ct_error(CT_EINVAL, "ct_gpt_create: out must not be NULL");
     *out = NULL;
@@ -198,13 +217,15 @@ ct_status ct_gpt_create(const ct_gpt_config *cfg, const ct_gpt_options *opt, ct_
         ct_gpt_free(m);
         return ct_error(CT_EOVERFLOW, "ct_gpt_create: parameter count overflows");
     }
-    if ((s = ct_calloc((void **)&m->params, pbytes)) ||
-        (s = ct_calloc((void **)&m->grads, pbytes))) {
+    if (own_params && ((s = ct_calloc((void **)&m->params, pbytes)) ||
+                       (s = ct_calloc((void **)&m->grads, pbytes)))) {
         ct_gpt_free(m);
         return s;
     }
-    bind(m, m->params, &m->w);
-    bind(m, m->grads, &m->g);
+    if (own_params) {
+        bind(m, m->params, &m->w);
+        bind(m, m->grads, &m->g);
+    }
 
     /* the activation table: [B T] rows of each quantity the backward needs, per layer */
     size_t B = (size_t)o.batch, T = (size_t)o.seq, N = sat(B, T);
@@ -344,6 +365,8 @@ ct_status ct_gpt_tensor(ct_gpt *m, int i, const char **name, ct_tensor *param, c
         return ct_error(CT_EINVAL,
                         "ct_gpt_tensor: the weights of this model are mapped from a file (read "
                         "them there)");
+    if ((param || grad) && !m->params)
+        return ct_error(CT_EINVAL, "ct_gpt_tensor: this model holds no parameters (sharded)");
     if (param)
         CT_TRY(ct_tensor_wrap(param, m->params + t->offset, CT_DTYPE_F32, t->ndim, t->shape, NULL));
     if (grad)
@@ -353,30 +376,41 @@ ct_status ct_gpt_tensor(ct_gpt *m, int i, const char **name, ct_tensor *param, c
 
 void ct_gpt_zero_grad(ct_gpt *m)
 {
-    memset(m->grads, 0, (size_t)m->nparams * sizeof(float));
+    if (m->grads) memset(m->grads, 0, (size_t)m->nparams * sizeof(float));
+}
+
+/* Tensor i's initial values from r (advanced over the whole tensor, in order); rows
+ * [row0, row1) of them go to dst (row1 - row0 rows). */
+void gpt_init_tensor(const ct_gpt *m, int i, ct_rng *r, int64_t row0, int64_t row1, float *dst)
+{
+    float std = m->cfg.init_std > 0 ? m->cfg.init_std : 1.0f / sqrtf((float)m->cfg.d_model);
+    float proj = std / sqrtf(2.0f * (float)m->cfg.n_layer);
+    const gpt_tensor *t = &m->tensors[i];
+    int64_t cols = t->ndim == 2 ? t->shape[1] : 1, j0 = row0 * cols, j1 = row1 * cols;
+    if (!t->decay) {
+        bool bias = strstr(t->name, ".bias") != NULL;
+        for (int64_t j = j0; j < j1; j++)
+            dst[j - j0] = bias ? 0.0f : 1.0f;
+        return;
+    }
+    bool residual = strstr(t->name, ".wo.") || strstr(t->name, ".w_down.");
+    float s = residual ? proj : std;
+    for (int64_t j = 0; j < t->numel; j++) {
+        float v = s * ct_rng_normal(r);
+        if (j >= j0 && j < j1) dst[j - j0] = v;
+    }
 }
 
 ct_status ct_gpt_init(ct_gpt *m, uint64_t seed)
 {
-    if (!m) return ct_error(CT_EINVAL, "ct_gpt_init: m must not be NULL");
+    if (!m || !m->params)
+        return ct_error(CT_EINVAL, "ct_gpt_init: m must be a model with parameters");
     if (m->mapped) return ct_error(CT_EINVAL, "ct_gpt_init: the model's weights are mapped");
     ct_rng r;
     ct_rng_seed(&r, seed);
-    float std = m->cfg.init_std > 0 ? m->cfg.init_std : 1.0f / sqrtf((float)m->cfg.d_model);
-    float proj = std / sqrtf(2.0f * (float)m->cfg.n_layer);
     for (int i = 0; i < m->ntensors; i++) {
         const gpt_tensor *t = &m->tensors[i];
-        float *p = m->params + t->offset;
-        if (!t->decay) {
-            bool bias = strstr(t->name, ".bias") != NULL;
-            for (int64_t j = 0; j < t->numel; j++)
-                p[j] = bias ? 0.0f : 1.0f;
-            continue;
-        }
-        bool residual = strstr(t->name, ".wo.") || strstr(t->name, ".w_down.");
-        float s = residual ? proj : std;
-        for (int64_t j = 0; j < t->numel; j++)
-            p[j] = s * ct_rng_normal(&r);
+        gpt_init_tensor(m, i, &r, 0, t->shape[0], m->params + t->offset);
     }
     ct_gpt_zero_grad(m);
     return CT_OK;
@@ -384,7 +418,8 @@ ct_status ct_gpt_init(ct_gpt *m, uint64_t seed)
 
 ct_status ct_gpt_load_params(ct_gpt *m, const ct_tensor_file *f)
 {
-    if (!m || !f) return ct_error(CT_EINVAL, "ct_gpt_load_params: arguments must not be NULL");
+    if (!m || !f || !m->params)
+        return ct_error(CT_EINVAL, "ct_gpt_load_params: arguments must not be NULL");
     if (m->mapped) return ct_error(CT_EINVAL, "ct_gpt_load_params: the model's weights are mapped");
     for (int i = 0; i < m->ntensors; i++) {
         const gpt_tensor *t = &m->tensors[i];
@@ -557,7 +592,7 @@ static void sum_rows(float *db, const float *d, int64_t N, int64_t C)
             db[j] += d[n * C + j];
 }
 
-static ct_status load_batch(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T, const char *fn)
+ct_status gpt_load_batch(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T, const char *fn)
 {
     if (!m || !tokens) return ct_error(CT_EINVAL, "%s: m and tokens must not be NULL", fn);
     if (B < 1 || B > m->opt.batch)
@@ -580,16 +615,23 @@ static ct_status load_batch(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t
     return CT_OK;
 }
 
-/* Embedding and every layer, then the final norm into lnf: inputs already in a.inp. */
-static ct_status forward_body(ct_gpt *m, int64_t B, int64_t T)
+/* Embedding (and the mask of the batch): inputs already in a.inp. */
+ct_status gpt_embed_forward(ct_gpt *m, int64_t B, int64_t T)
+{
+    const ct_gpt_config *c = &m->cfg;
+    CT_TRY(prepare_mask(m, B, T));
+    return ct_embedding_forward(m->a.resid, m->a.inp, CT_DTYPE_I32, m->w.emb, B * T,
+                                c->vocab_size, c->d_model);
+}
+
+/* Layer l: resid[l] -> resid[l + 1], keeping what its backward needs. */
+ct_status gpt_block_forward(ct_gpt *m, int64_t l, int64_t B, int64_t T)
 {
     const ct_gpt_config *c = &m->cfg;
     int64_t N = B * T, C = c->d_model, E = gpt_E(m), H = c->n_head, K = c->n_kv_head;
     int64_t HE = H * E, KE = K * E, F = c->d_ff;
     gpt_acts *a = &m->a;
-    CT_TRY(prepare_mask(m, B, T));
-    CT_TRY(ct_embedding_forward(a->resid, a->inp, CT_DTYPE_I32, m->w.emb, N, c->vocab_size, C));
-    for (int64_t l = 0; l < c->n_layer; l++) {
+    {
         const gpt_layer *w = &m->w.layer[l];
         size_t lo = (size_t)l * (size_t)N;
         float *x = a->resid + lo * C, *x2 = a->x2 + lo * C, *out = a->resid + (lo + N) * C;
@@ -620,8 +662,25 @@ static ct_status forward_body(ct_gpt *m, int64_t B, int64_t T)
         memcpy(out, x2, (size_t)(N * C) * sizeof(float));
         CT_TRY(ct_gemm_f32(false, true, N, C, F, 1.0f, h, F, w->wdown, F, 1.0f, out, C));
     }
-    return ct_rmsnorm_forward(a->lnf, a->rstdf, a->resid + (size_t)c->n_layer * N * C, m->w.norm, N,
-                              C, c->norm_eps);
+    return CT_OK;
+}
+
+/* The final norm of the last layer's output into lnf. */
+ct_status gpt_final_norm_forward(ct_gpt *m, int64_t B, int64_t T)
+{
+    const ct_gpt_config *c = &m->cfg;
+    int64_t N = B * T, C = c->d_model;
+    return ct_rmsnorm_forward(m->a.lnf, m->a.rstdf, m->a.resid + (size_t)c->n_layer * N * C,
+                              m->w.norm, N, C, c->norm_eps);
+}
+
+/* Embedding and every layer, then the final norm into lnf: inputs already in a.inp. */
+static ct_status forward_body(ct_gpt *m, int64_t B, int64_t T)
+{
+    CT_TRY(gpt_embed_forward(m, B, T));
+    for (int64_t l = 0; l < m->cfg.n_layer; l++)
+        CT_TRY(gpt_block_forward(m, l, B, T));
+    return gpt_final_norm_forward(m, B, T);
 }
 
 static ct_ce_options loss_options(const ct_gpt *m, bool train)
@@ -637,9 +696,15 @@ static ct_ce_options loss_options(const ct_gpt *m, bool train)
 
 ct_status ct_gpt_forward(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T, float *loss)
 {
-    CT_TRY(load_batch(m, tokens, B, T, "ct_gpt_forward"));
+    CT_TRY(gpt_load_batch(m, tokens, B, T, "ct_gpt_forward"));
     if (!loss) return ct_error(CT_EINVAL, "ct_gpt_forward: loss must not be NULL");
     CT_TRY(forward_body(m, B, T));
+    return gpt_head_loss(m, B, T, loss);
+}
+
+/* The evaluation loss (plain cross-entropy) of lnf against the targets. */
+ct_status gpt_head_loss(ct_gpt *m, int64_t B, int64_t T, float *loss)
+{
     int64_t N = B * T, C = m->cfg.d_model, V = m->cfg.vocab_size;
     ct_ce_options o = loss_options(m, false);
     ct_ce_outputs out = {loss, NULL, NULL};
@@ -696,14 +761,23 @@ ct_status ct_gpt_logits(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T, 
 ct_status ct_gpt_forward_backward(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T,
                                   float grad_scale, float *loss)
 {
-    CT_TRY(load_batch(m, tokens, B, T, "ct_gpt_forward_backward"));
+    CT_TRY(gpt_load_batch(m, tokens, B, T, "ct_gpt_forward_backward"));
     if (m->mapped)
         return ct_error(CT_EINVAL, "ct_gpt_forward_backward: the model's weights are mapped from a "
                                    "file (inference only: load them with ct_hf_load_params to train)");
     CT_TRY(forward_body(m, B, T));
+    CT_TRY(gpt_head_backward(m, B, T, grad_scale, loss));
+    for (int64_t l = m->cfg.n_layer - 1; l >= 0; l--)
+        CT_TRY(gpt_block_backward(m, l, B, T));
+    return gpt_embed_backward(m, B, T);
+}
+
+/* Loss, head and final norm backward: dres = d loss / d resid[L]; the head's and the final
+ * norm's gradients are accumulated (tied: the head's into the embedding's). */
+ct_status gpt_head_backward(ct_gpt *m, int64_t B, int64_t T, float grad_scale, float *loss)
+{
     const ct_gpt_config *c = &m->cfg;
-    int64_t N = B * T, C = c->d_model, E = gpt_E(m), H = c->n_head, K = c->n_kv_head;
-    int64_t HE = H * E, KE = K * E, F = c->d_ff, V = c->vocab_size;
+    int64_t N = B * T, C = c->d_model, V = c->vocab_size;
     gpt_acts *a = &m->a;
     float lossv = 0;
     ct_ce_options o = loss_options(m, true);
@@ -723,9 +797,19 @@ ct_status ct_gpt_forward_backward(ct_gpt *m, const int32_t *tokens, int64_t B, i
         CT_TRY(ct_linear_backward(a->dln, m->g.out, NULL, a->dlogits, a->lnf, m->w.out, N, C, V));
     }
     if (loss) *loss = lossv;
-    CT_TRY(ct_rmsnorm_backward(a->dres, m->g.norm, a->dln, a->resid + (size_t)c->n_layer * N * C,
-                               m->w.norm, a->rstdf, N, C));
-    for (int64_t l = c->n_layer - 1; l >= 0; l--) {
+    return ct_rmsnorm_backward(a->dres, m->g.norm, a->dln, a->resid + (size_t)c->n_layer * N * C,
+                               m->w.norm, a->rstdf, N, C);
+}
+
+/* Layer l backward: dres = d loss / d resid[l + 1] in, d loss / d resid[l] out; the layer's
+ * gradients are accumulated into m->g.layer[l]. */
+ct_status gpt_block_backward(ct_gpt *m, int64_t l, int64_t B, int64_t T)
+{
+    const ct_gpt_config *c = &m->cfg;
+    int64_t N = B * T, C = c->d_model, E = gpt_E(m), H = c->n_head, K = c->n_kv_head;
+    int64_t HE = H * E, KE = K * E, F = c->d_ff;
+    gpt_acts *a = &m->a;
+    {
         const gpt_layer *w = &m->w.layer[l];
         gpt_layer *g = &m->g.layer[l];
         size_t lo = (size_t)l * (size_t)N;
@@ -768,6 +852,12 @@ ct_status ct_gpt_forward_backward(ct_gpt *m, const int32_t *tokens, int64_t B, i
         CT_TRY(ct_rmsnorm_backward(a->dtmp, g->norm1, a->dln, x, w->norm1, a->rstd1 + lo, N, C));
         CT_TRY(ct_add(a->dres, a->dres, a->dtmp, N * C));
     }
-    return ct_embedding_backward(m->g.emb, a->dres, a->inp, CT_DTYPE_I32, N, V, C,
-                                 CT_EMBEDDING_NO_PADDING);
+    return CT_OK;
+}
+
+/* Embedding backward: dres (d loss / d resid[0]) scattered into the embedding's gradient. */
+ct_status gpt_embed_backward(ct_gpt *m, int64_t B, int64_t T)
+{
+    return ct_embedding_backward(m->g.emb, m->a.dres, m->a.inp, CT_DTYPE_I32, B * T,
+                                 m->cfg.vocab_size, m->cfg.d_model, CT_EMBEDDING_NO_PADDING);
 }

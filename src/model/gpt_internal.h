@@ -73,4 +73,41 @@ static inline int64_t gpt_E(const ct_gpt *m)
     return ct_gpt_head_dim(&m->cfg);
 }
 
+/* ---- building blocks for running the model one block at a time (src/dist) ----------------
+ * ct_gpt_forward_backward is exactly: gpt_load_batch, gpt_embed_forward, gpt_block_forward for
+ * l = 0 .. L-1, gpt_final_norm_forward, gpt_head_backward, gpt_block_backward for l = L-1 .. 0,
+ * gpt_embed_backward (ct_gpt_forward ends with gpt_head_loss instead). Each reads the
+ * parameter views m->w and accumulates into the gradient views m->g that the step touches, so
+ * a caller may point them (gpt_bind) at buffers it fills block by block. */
+
+/* Create a model; own_params false: no parameter or gradient arrays (m->params, m->grads
+ * NULL, views unset: bind them with gpt_bind before running a block). */
+ct_status gpt_create(const ct_gpt_config *cfg, const ct_gpt_options *opt, bool own_params,
+                     ct_gpt **out);
+/* Point the views of w at ptrs[k] for tensor k (0 .. ntensors-1; unused ones may be NULL). */
+void gpt_bind(const ct_gpt *m, gpt_weights *w, float *const *ptrs);
+/* The initial values of tensor i (ct_gpt_init's, from r advanced over the whole tensor);
+ * rows [row0, row1) of them into dst. */
+void gpt_init_tensor(const ct_gpt *m, int i, ct_rng *r, int64_t row0, int64_t row1, float *dst);
+/* Validate and copy a batch of B sequences of T + 1 tokens into the activations. */
+ct_status gpt_load_batch(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T, const char *fn);
+ct_status gpt_embed_forward(ct_gpt *m, int64_t B, int64_t T);          /* w.emb */
+ct_status gpt_block_forward(ct_gpt *m, int64_t l, int64_t B, int64_t T); /* w.layer[l] */
+ct_status gpt_final_norm_forward(ct_gpt *m, int64_t B, int64_t T);     /* w.norm */
+ct_status gpt_head_loss(ct_gpt *m, int64_t B, int64_t T, float *loss); /* w.out */
+/* w.out, w.norm -> g.out, g.norm */
+ct_status gpt_head_backward(ct_gpt *m, int64_t B, int64_t T, float grad_scale, float *loss);
+ct_status gpt_block_backward(ct_gpt *m, int64_t l, int64_t B, int64_t T); /* -> g.layer[l] */
+ct_status gpt_embed_backward(ct_gpt *m, int64_t B, int64_t T);            /* -> g.emb */
+
+/* The trainer's data order (train.c): the next micro-batch of B windows of T + 1 tokens from
+ * position *pos, starting a new epoch at a random offset in [0, T) when the stream runs out. */
+void gpt_next_batch(const int32_t *train, int64_t n_train, int64_t B, int64_t T, int64_t *pos,
+                    int64_t *epoch, ct_rng *rng, int32_t *batch);
+/* ct_trainer_create's checks of the options (seq 0 becomes the context) and of the tokens,
+ * with fn naming the caller in the messages. */
+ct_status gpt_check_train_options(const ct_gpt_config *c, ct_train_options *o, const char *fn);
+ct_status gpt_check_tokens(const int32_t *x, int64_t n, int64_t V, const char *what,
+                           const char *fn);
+
 #endif
