@@ -5,13 +5,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: ctorch inspect FILE [--json]\n"
+            "usage: ctorch inspect FILE|DIR [--json]\n"
             "Detect FILE's format from its bytes; for safetensors, validate every rule and list\n"
             "the tensors (name, dtype, shape, bytes, data offsets), the metadata and the totals.\n"
+            "A DIR is a sharded checkpoint (ctorch train --fsdp): its index and every shard are\n"
+            "checked.\n"
             "Exit status 0 for a valid file; 1 with the reason on stderr otherwise.\n"
             "  --json   one JSON object on stdout ({\"valid\": false, ...} for an invalid file)\n");
 }
@@ -145,6 +148,8 @@ int cmd_inspect(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return cli_inspect_sharded(path, json);
     ct_tensor_file *f;
     ct_status s = ct_load(path, NULL, &f);
     if (s != CT_OK) {

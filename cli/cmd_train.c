@@ -71,6 +71,17 @@ static void usage(FILE *f)
         "loss\n"
         "                       and every gradient of the first micro-batch to FILE (safetensors)\n"
         "                       and exit: for checking against PyTorch\n"
+        "\nacross processes (docs/fsdp.md; not training settings: --resume accepts new values):\n"
+        "  --fsdp | --dp        sharded (FSDP2-style) or data-parallel training; the ranks come\n"
+        "                       from the environment (ctorch launch, mpiexec) or --nproc\n"
+        "  --nproc N            start N local ranks through the launcher (--batch stays global)\n"
+        "  --backend tcp|mpi    communication backend (tcp)\n"
+        "  --elastic            survive the death of a rank: shrink and continue with N-1 (tcp)\n"
+        "  --prefetch N         all-gathers issued ahead, forward and backward (1)\n"
+        "  --param-dtype bf16   all-gather dtype (f32; compute stays f32)\n"
+        "  --no-overlap         wait for every collective at once (the serialized baseline)\n"
+        "  --no-separate-rs     reduce-scatters share the all-gather communicator\n"
+        "  --no-reshard         keep every block gathered after its forward\n"
         "\nExit status: 0 done, 1 a failure (the message says what), 2 a bad option.\n",
         (unsigned long long)co.seed, (long long)co.vocab_size, (long long)co.classes, co.zipf,
         (long long)co.sentence, (long long)co.repeats, (long long)c.n_layer, (long long)c.d_model,
@@ -89,6 +100,12 @@ typedef struct run {
     double eval_fraction;
     bool quiet, no_doc_mask, resuming;
     bool overwrite; /* --overwrite: replace an earlier run in OUT (not a training setting) */
+    /* across processes (not training settings) */
+    long long nproc, prefetch;
+    bool dist, elastic, no_overlap, no_separate_rs, no_reshard, bf16;
+    ct_fsdp_mode mode;
+    const char *backend;
+    int rank, world;
     const char *settings_flag; /* first model/data/training option given (refused with --resume) */
     /* data */
     bool builtin;
@@ -138,6 +155,7 @@ static int parse(run *r, int argc, char **argv)
     r->eval_every = -1;
     r->save_every = 0;
     r->log_every = -1;
+    r->prefetch = 1;
     bool bad = false;
     ct_gpt_config *c = &r->cfg;
     ct_train_options *t = &r->to;
@@ -229,6 +247,32 @@ static int parse(run *r, int argc, char **argv)
             } else if (int_opt(argc, argv, &i, "--log-every", 1, 1LL << 40, &r->log_every, &bad)) {
             } else if (!strcmp(a, "--quiet"))
                 r->quiet = true;
+            else if (int_opt(argc, argv, &i, "--nproc", 1, 256, &r->nproc, &bad)) {
+            } else if (!strcmp(a, "--fsdp") || !strcmp(a, "--dp")) {
+                r->dist = true;
+                r->mode = a[2] == 'f' ? CT_FSDP_FULL_SHARD : CT_FSDP_REPLICATE;
+            } else if (cli_opt(argc, argv, &i, "--backend", &v)) {
+                ct_comm_backend be;
+                if (ct_comm_backend_from_name(v, &be)) {
+                    fprintf(stderr, "ctorch: --backend must be tcp or mpi, got '%s'\n", v);
+                    bad = true;
+                }
+                r->backend = v;
+            } else if (!strcmp(a, "--elastic"))
+                r->elastic = true;
+            else if (int_opt(argc, argv, &i, "--prefetch", 0, 8, &r->prefetch, &bad)) {
+            } else if (cli_opt(argc, argv, &i, "--param-dtype", &v)) {
+                if (strcmp(v, "bf16") && strcmp(v, "f32")) {
+                    fprintf(stderr, "ctorch: --param-dtype must be f32 or bf16, got '%s'\n", v);
+                    bad = true;
+                }
+                r->bf16 = !strcmp(v, "bf16");
+            } else if (!strcmp(a, "--no-overlap"))
+                r->no_overlap = true;
+            else if (!strcmp(a, "--no-separate-rs"))
+                r->no_separate_rs = true;
+            else if (!strcmp(a, "--no-reshard"))
+                r->no_reshard = true;
             else if (cli_opt(argc, argv, &i, "--dump-grads", &v))
                 r->dump = v;
             else if (!strcmp(a, "--overwrite"))
@@ -245,6 +289,16 @@ static int parse(run *r, int argc, char **argv)
         if (setting && !r->settings_flag) r->settings_flag = a;
     }
     if (bad) return 2;
+    if ((r->nproc || r->elastic || r->backend) && !r->dist) {
+        fprintf(stderr, "ctorch train: --nproc, --backend and --elastic need --fsdp or --dp\n");
+        return 2;
+    }
+    if (r->elastic && r->backend && !strcmp(r->backend, "mpi")) {
+        fprintf(stderr,
+                "ctorch train: --elastic needs the tcp backend (MPI cannot shrink a "
+                "communicator here)\n");
+        return 2;
+    }
     if (r->resuming && r->settings_flag) {
         fprintf(stderr,
                 "ctorch train: --resume takes the model, data and training settings from the "
@@ -431,19 +485,43 @@ static int text_data(run *r, uint64_t want_checksum, int64_t want_tokens)
 }
 
 /* Settings from a checkpoint's metadata (for --resume). */
+static bool is_directory(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* A sharded checkpoint's configuration (its index metadata), checked. */
+static ct_status sharded_config(const char *json, ct_gpt_config *cfg)
+{
+    if (!json) return CT_EFORMAT; /* ct_sharded_checkpoint_metadata said why */
+    *cfg = ct_gpt_config_default();
+    return ct_gpt_config_from_json(json, cfg);
+}
+
 static int settings_from_checkpoint(run *r, const char *path, uint64_t *sum, int64_t *tokens)
 {
-    ct_tensor_file *f;
-    ct_status s = ct_load(path, NULL, &f);
+    ct_tensor_file *f = NULL;
+    bool sharded = is_directory(path); /* resolved already: a committed sharded checkpoint */
+    char *sm[4] = {NULL, NULL, NULL, NULL};
+    ct_status s = CT_OK;
+    if (sharded) {
+        const char *keys[4] = {"train", "data", "tokenizer", "config"};
+        for (int i = 0; i < 4; i++)
+            if (ct_sharded_checkpoint_metadata(path, keys[i], &sm[i])) sm[i] = NULL;
+    } else {
+        s = ct_load(path, NULL, &f);
+    }
     if (s) return cli_fail("train: --resume", s);
     int rc = 0;
-    const char *tj = ct_tensor_file_metadata_get(f, "train"),
-               *dj = ct_tensor_file_metadata_get(f, "data");
-    const char *kj = ct_tensor_file_metadata_get(f, "tokenizer");
+    const char *tj = sharded ? sm[0] : ct_tensor_file_metadata_get(f, "train"),
+               *dj = sharded ? sm[1] : ct_tensor_file_metadata_get(f, "data");
+    const char *kj = sharded ? sm[2] : ct_tensor_file_metadata_get(f, "tokenizer");
     json_t *d = dj ? json_loads(dj, 0, NULL) : NULL;
     /* the whole checkpoint (config, tensor shapes and dtypes, trainer state) is checked
-     * before anything the model's size is allocated */
-    if ((s = ct_gpt_checkpoint_check(f, true, &r->cfg)) ||
+     * before anything the model's size is allocated (sharded: the index and the shards are
+     * checked by the loader, each rank reading only its rows) */
+    if ((s = sharded ? sharded_config(sm[3], &r->cfg) : ct_gpt_checkpoint_check(f, true, &r->cfg)) ||
         (tj && (s = ct_train_options_from_json(tj, &r->to)))) {
         rc = cli_fail("train: --resume", s);
         goto done;
@@ -486,7 +564,9 @@ static int settings_from_checkpoint(run *r, const char *path, uint64_t *sum, int
     }
 done:
     json_decref(d);
-    ct_tensor_file_close(f);
+    if (f) ct_tensor_file_close(f);
+    for (int i = 0; i < 4; i++)
+        ct_free(sm[i]);
     return rc;
 }
 
@@ -999,6 +1079,315 @@ static int remove_earlier_run(const char *dir)
     return rc;
 }
 
+/* ---- training across processes (--fsdp, --dp; docs/fsdp.md) --------------------------------- */
+
+/* `ctorch train --nproc N ...`: the same command through `ctorch launch` (N local ranks),
+ * without --nproc, with --threads cores / N unless given. */
+static int spawn_nproc(run *r, int argc, char **argv)
+{
+    char exe[4096];
+    ssize_t el = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (el <= 0) {
+        fprintf(stderr, "ctorch train: --nproc: cannot find this program (/proc/self/exe)\n");
+        return 1;
+    }
+    exe[el] = '\0';
+    char **av = calloc((size_t)argc + 16, sizeof *av);
+    char np[32], th[32], frdir[4200];
+    if (!av) return cli_fail("train: --nproc", CT_ENOMEM);
+    int n = 0;
+    av[n++] = "launch";
+    av[n++] = "--nproc";
+    snprintf(np, sizeof np, "%lld", r->nproc);
+    av[n++] = np;
+    if (r->elastic) {
+        av[n++] = "--elastic";
+        snprintf(frdir, sizeof frdir, "%s/flight", r->out);
+        mkdir(r->out, 0777);
+        mkdir(frdir, 0777);
+        av[n++] = "--fr-dump-dir";
+        av[n++] = frdir;
+    }
+    av[n++] = "--";
+    av[n++] = exe;
+    av[n++] = "train";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--nproc")) {
+            i++;
+            continue;
+        }
+        av[n++] = argv[i];
+    }
+    if (!r->threads) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        long t = cores > 0 ? cores / r->nproc : 1;
+        snprintf(th, sizeof th, "%ld", t < 1 ? 1 : t);
+        av[n++] = "--threads";
+        av[n++] = th;
+    }
+    av[n] = NULL;
+    int rc = cmd_launch(n, av);
+    free(av);
+    return rc;
+}
+
+/* The world communicator: from the environment (a launcher, mpiexec), or one rank alone. */
+static ct_status dist_comm(run *r, ct_store_server **srv, ct_store **store, ct_comm **out)
+{
+    ct_comm_options co = ct_comm_options_default();
+    if (r->backend) {
+        ct_status s = ct_comm_backend_from_name(r->backend, &co.backend);
+        if (s) return s;
+    }
+    co.name = "train";
+    bool env = getenv("WORLD_SIZE") || getenv("PMI_SIZE") || getenv("OMPI_COMM_WORLD_SIZE");
+    if (env || co.backend == CT_COMM_MPI) return ct_comm_init_env(&co, out);
+    ct_status s = ct_store_server_start("127.0.0.1", 0, srv);
+    if (!s) s = ct_store_connect("127.0.0.1", ct_store_server_port(*srv), 30, store);
+    if (!s) s = ct_comm_init(*store, 0, 1, &co, out);
+    return s;
+}
+
+static int dist_save(run *r, ct_fsdp_trainer *t)
+{
+    const char *keys[3] = {"data", "tokenizer", NULL};
+    const char *vals[3] = {r->data_json, r->tok_json, NULL};
+    ct_status s = ct_fsdp_trainer_save(t, r->out, r->tok_json ? 2 : 1, keys, vals);
+    if (s) return cli_fail("train: saving the sharded checkpoint", s);
+    return 0;
+}
+
+static int train_dist(run *r)
+{
+    ct_store_server *srv = NULL;
+    ct_store *store = NULL;
+    ct_comm *world = NULL;
+    ct_status s = dist_comm(r, &srv, &store, &world);
+    if (s) {
+        ct_store_free(store);
+        ct_store_server_free(srv);
+        return cli_fail("train: communicator", s);
+    }
+    if (r->elastic && ct_comm_get_backend(world) == CT_COMM_MPI) {
+        ct_comm_free(world);
+        fprintf(stderr, "ctorch train: --elastic needs the tcp backend\n");
+        return 2;
+    }
+    r->rank = ct_comm_rank(world);
+    r->world = ct_comm_size(world);
+    bool quiet0 = r->quiet;
+    ct_fsdp_options fo = ct_fsdp_options_default();
+    fo.mode = r->mode;
+    fo.forward_prefetch = fo.backward_prefetch = (int)r->prefetch;
+    fo.overlap = !r->no_overlap;
+    fo.separate_reduce_scatter_comm = !r->no_separate_rs;
+    fo.reshard_after_forward = !r->no_reshard;
+    if (r->bf16) fo.param_dtype = CT_DTYPE_BF16;
+    ct_fsdp_trainer *t = NULL;
+    s = ct_fsdp_trainer_create(world, &r->cfg, &r->to, &fo, r->train, r->n_train, r->eval,
+                               r->n_eval, &t);
+    int rc = 0;
+    if (s) {
+        rc = cli_fail("train", s);
+        goto out;
+    }
+    if (r->resuming && (s = ct_fsdp_trainer_load(t, r->resume))) {
+        rc = cli_fail("train: --resume", s);
+        goto out;
+    }
+    const ct_train_options *o = &r->to;
+    int64_t total = o->steps;
+    int64_t stop = r->stop_at && r->stop_at < total ? r->stop_at : total;
+    int64_t start = ct_fsdp_trainer_step_count(t);
+    long long eval_every = r->eval_every >= 0 ? r->eval_every : (total >= 5 ? total / 5 : 1);
+    long long log_every = r->log_every > 0 ? r->log_every : (total >= 20 ? total / 20 : 1);
+    ct_fsdp_stats fs;
+    ct_fsdp_get_stats(ct_fsdp_trainer_model(t), &fs);
+    ct_memory_stats_t ms0;
+    ct_memory_stats(&ms0); /* what the set-up holds: model shards, activations, communicators */
+    if (r->rank == 0 && !r->quiet) {
+        fprintf(stderr,
+                "%s: %d ranks (%s backend), %lld rows each of a global batch %lld, ~%.2fM "
+                "parameters\n",
+                r->mode == CT_FSDP_FULL_SHARD ? "fsdp" : "dp", r->world,
+                ct_comm_backend_name(ct_comm_get_backend(world)), (long long)(o->batch / r->world),
+                (long long)o->batch, (double)fs.state_bytes / 16 * r->world / 1e6);
+        fprintf(stderr,
+                "memory per rank: training state %.1f MiB (parameters, gradients, AdamW), one "
+                "gathered block %.1f MiB\n",
+                fs.state_bytes / 1048576.0, fs.block_bytes / 1048576.0);
+        if (start) fprintf(stderr, "resumed from %s at step %lld\n", r->resume, (long long)start);
+    }
+    /* elastic FSDP recovers from the last committed checkpoint: make sure there is one */
+    if (r->elastic && r->mode == CT_FSDP_FULL_SHARD && !start && (rc = dist_save(r, t))) goto out;
+    FILE *mf = NULL;
+    if (r->rank == 0) {
+        mf = fopen(r->metrics, start ? "a" : "w");
+        if (!mf) {
+            fprintf(stderr, "ctorch train: cannot write '%s': %s\n", r->metrics, strerror(errno));
+            rc = 1;
+            goto out;
+        }
+        metrics_line(mf, json_pack("{s:s, s:I, s:I, s:s, s:i, s:I, s:I, s:i}", "event",
+                                   start ? "resume" : "start", "step", (json_int_t)start, "steps",
+                                   (json_int_t)total, "mode", ct_fsdp_mode_name(r->mode),
+                                   "world_size", r->world, "state_bytes",
+                                   (json_int_t)fs.state_bytes, "block_bytes",
+                                   (json_int_t)fs.block_bytes, "prefetch", (int)r->prefetch));
+        json_t *last = NULL;
+        (void)last;
+        metrics_line(mf, json_pack("{s:s, s:I}", "event", "setup", "mem_bytes",
+                                   (json_int_t)ms0.current_bytes));
+    }
+    double t0 = now_s(), exposed_all = 0, coll_all = 0, step_all = 0;
+    int64_t tokens_run = 0;
+    float last_eval = NAN;
+    for (int64_t step = ct_fsdp_trainer_step_count(t); step < stop;) {
+        ct_train_step_info info;
+        ct_fsdp *f = ct_fsdp_trainer_model(t);
+        ct_fsdp_reset_stats(f);
+        double ts0 = now_s();
+        s = ct_fsdp_trainer_step(t, &info);
+        float el = NAN;
+        bool eval_now = !s && (info.step == stop || (eval_every && info.step % eval_every == 0));
+        if (!s && eval_now && r->n_eval) s = ct_fsdp_trainer_evaluate(t, &el);
+        if (!s && r->save_every && info.step % r->save_every == 0 && info.step != stop)
+            rc = dist_save(r, t), s = rc ? CT_EIO : CT_OK;
+        if (s && r->elastic && !rc) {
+            /* a rank died or timed out: shrink to the survivors and go on */
+            if (r->rank == 0 || 1)
+                fprintf(stderr, "ctorch train: rank %d: step %lld failed (%s); shrinking\n",
+                        r->rank, (long long)step + 1, ct_last_error());
+            ct_comm *nw = NULL;
+            ct_status ss = ct_comm_shrink(world, 0, &nw);
+            if (ss) {
+                rc = cli_fail("train: --elastic shrink", ss);
+                break;
+            }
+            ss = ct_fsdp_trainer_rebuild(t, nw);
+            ct_comm_free(world);
+            world = nw;
+            if (!ss && r->mode == CT_FSDP_FULL_SHARD) {
+                char *latest = NULL;
+                size_t ln = strlen(r->out) + 16;
+                latest = malloc(ln);
+                snprintf(latest, ln, "%s/latest", r->out);
+                ss = ct_fsdp_trainer_load(t, latest);
+                free(latest);
+            }
+            if (ss) {
+                rc = cli_fail("train: --elastic recovery", ss);
+                break;
+            }
+            int old = r->world;
+            r->rank = ct_comm_rank(world);
+            r->world = ct_comm_size(world);
+            step = ct_fsdp_trainer_step_count(t);
+            if (r->rank == 0) {
+                if (!mf) mf = fopen(r->metrics, "a");
+                metrics_line(mf, json_pack("{s:s, s:I, s:i, s:i}", "event", "shrink", "step",
+                                           (json_int_t)step, "world_size_before", old,
+                                           "world_size", r->world));
+                if (!quiet0)
+                    fprintf(stderr, "elastic: continuing with %d ranks from step %lld (%s)\n",
+                            r->world, (long long)step,
+                            r->mode == CT_FSDP_FULL_SHARD ? "last committed checkpoint"
+                                                          : "surviving replicas");
+            }
+            continue;
+        }
+        if (s) {
+            if (!rc) rc = cli_fail("train: step", s);
+            break;
+        }
+        step = info.step;
+        double dt = now_s() - ts0;
+        ct_fsdp_get_stats(ct_fsdp_trainer_model(t), &fs);
+        exposed_all += fs.exposed_s, coll_all += fs.collective_s, step_all += dt;
+        tokens_run += info.tokens;
+        ct_memory_stats_t ms;
+        ct_memory_stats(&ms);
+        if (!isnan(el)) last_eval = el;
+        if (r->rank == 0) {
+            json_t *j = json_pack(
+                "{s:I, s:f, s:f, s:f, s:I, s:f, s:f, s:I, s:f, s:f, s:f}", "step",
+                (json_int_t)info.step, "loss", (double)info.loss, "lr", (double)info.lr,
+                "grad_norm", info.grad_norm, "tokens", (json_int_t)info.tokens, "step_s", dt,
+                "elapsed_s", now_s() - t0, "mem_bytes", (json_int_t)ms.current_bytes,
+                "exposed_comm_s", fs.exposed_s, "collective_s", fs.collective_s,
+                "exposed_comm_pct", dt > 0 ? 100 * fs.exposed_s / dt : 0.0);
+            json_object_set_new(j, "world_size", json_integer(r->world));
+            if (!isnan(el)) json_object_set_new(j, "eval_loss", json_real(el));
+            metrics_line(mf, j);
+            bool log_now = info.step == stop || info.step % log_every == 0;
+            if (!r->quiet && (log_now || eval_now)) {
+                fprintf(stderr,
+                        "step %lld/%lld | loss %.4f | lr %.2e | %6.0f tok/s | exposed comm %.0f%% "
+                        "| mem %.1f MiB | %d ranks\n",
+                        (long long)info.step, (long long)total, info.loss, info.lr,
+                        tokens_run / (now_s() - t0), dt > 0 ? 100 * fs.exposed_s / dt : 0.0,
+                        ms.current_bytes / 1048576.0, r->world);
+                if (!isnan(el)) fprintf(stderr, "held-out loss %.4f at step %lld\n", el, (long long)info.step);
+            }
+        }
+    }
+    if (!rc) rc = dist_save(r, t);
+    /* per-rank peak tracked memory (a gather through a sum of one-hot slots) */
+    double *peaks = calloc((size_t)r->world, sizeof *peaks);
+    ct_memory_stats_t ms;
+    ct_memory_stats(&ms);
+    if (!rc && peaks) {
+        peaks[r->rank] = (double)ms.peak_bytes;
+        if ((s = ct_fsdp_all_reduce_f64(ct_fsdp_trainer_model(t), peaks, r->world)))
+            rc = cli_fail("train: memory report", s);
+    }
+    if (r->rank == 0 && mf) {
+        double wall = now_s() - t0;
+        json_t *pk = json_array();
+        for (int i = 0; peaks && i < r->world; i++)
+            json_array_append_new(pk, json_integer((json_int_t)peaks[i]));
+        json_t *end = json_pack(
+            "{s:s, s:I, s:f, s:f, s:I, s:o, s:f, s:f, s:f, s:i}", "event", "end", "step",
+            (json_int_t)ct_fsdp_trainer_step_count(t), "wall_s", wall, "tokens_per_s",
+            wall > 0 ? tokens_run / wall : 0.0, "peak_mem_bytes", (json_int_t)ms.peak_bytes,
+            "peak_mem_bytes_per_rank", pk, "exposed_comm_pct",
+            step_all > 0 ? 100 * exposed_all / step_all : 0.0, "exposed_of_collective_pct",
+            coll_all > 0 ? 100 * exposed_all / coll_all : 0.0, "collective_s", coll_all,
+            "world_size", r->world);
+        ct_fsdp_get_stats(ct_fsdp_trainer_model(t), &fs);
+        json_object_set_new(end, "state_bytes", json_integer((json_int_t)fs.state_bytes));
+        json_object_set_new(end, "peak_gathered_bytes",
+                            json_integer((json_int_t)fs.peak_gathered_bytes));
+        if (!isnan(last_eval)) json_object_set_new(end, "eval_loss", json_real(last_eval));
+        metrics_line(mf, end);
+        fclose(mf);
+        mf = NULL;
+        if (!rc && write_svg(r)) fprintf(stderr, "ctorch train: could not write %s\n", r->svg);
+        if (!rc && !r->quiet) {
+            fprintf(stderr,
+                    "done: %lld steps (%.0f tokens/s), exposed comm %.1f%% of step time (%.1f%% "
+                    "of collective time), peak tracked memory per rank:",
+                    (long long)(ct_fsdp_trainer_step_count(t) - start),
+                    wall > 0 ? tokens_run / wall : 0.0,
+                    step_all > 0 ? 100 * exposed_all / step_all : 0.0,
+                    coll_all > 0 ? 100 * exposed_all / coll_all : 0.0);
+            for (int i = 0; peaks && i < r->world; i++)
+                fprintf(stderr, " %.1f MiB", peaks[i] / 1048576.0);
+            fprintf(stderr, "\n");
+            if (!isnan(last_eval)) fprintf(stderr, "held-out loss %.4f\n", last_eval);
+            fprintf(stderr, "wrote %s/latest, %s, %s\n", r->out, r->metrics, r->svg);
+        }
+    }
+    if (mf) fclose(mf);
+    free(peaks);
+out:
+    ct_fsdp_trainer_free(t);
+    ct_comm_free(world);
+    ct_store_free(store);
+    ct_store_server_free(srv);
+    return rc;
+}
+
 static void run_free(run *r)
 {
     free(r->train);
@@ -1019,6 +1408,7 @@ int cmd_train(int argc, char **argv)
         return 0;
     }
     if (rc) return rc;
+    if (r.nproc) return spawn_nproc(&r, argc, argv);
     if (r.threads && (rc = ct_set_num_threads((int)r.threads)))
         return cli_fail("train: --threads", (ct_status)rc);
     if (mkdir(r.out, 0777) && errno != EEXIST) {
@@ -1037,7 +1427,30 @@ int cmd_train(int argc, char **argv)
     snprintf(r.ckpt, sizeof r.ckpt, "%s/checkpoint.safetensors", r.out);
     snprintf(r.metrics, sizeof r.metrics, "%s/metrics.jsonl", r.out);
     snprintf(r.svg, sizeof r.svg, "%s/loss.svg", r.out);
-    if (r.resuming && !r.resume) r.resume = r.ckpt;
+    if (r.resuming && !r.resume) {
+        char lt[4200];
+        snprintf(lt, sizeof lt, "%s/latest", r.out);
+        r.resume = r.dist && is_directory(lt) ? r.out : r.ckpt;
+    }
+    /* a sharded checkpoint (directory): resolved to its committed checkpoint-<step>; the
+     * one-process trainer takes it consolidated into one file */
+    static char resolved[4200], consolidated[4200];
+    if (r.resuming && is_directory(r.resume)) {
+        char *res;
+        bool dir;
+        ct_status s = ct_sharded_checkpoint_resolve(r.resume, &res, &dir);
+        if (s) return cli_fail("train: --resume", s);
+        snprintf(resolved, sizeof resolved, "%s", res);
+        ct_free(res);
+        r.resume = resolved;
+        if (!r.dist) {
+            snprintf(consolidated, sizeof consolidated, "%s/.resume-%d.safetensors", r.out,
+                     (int)getpid());
+            if ((s = ct_sharded_checkpoint_consolidate(r.resume, consolidated)))
+                return cli_fail("train: --resume", s);
+            r.resume = consolidated;
+        }
+    }
     uint64_t sum = 0;
     int64_t tokens = -1;
     if (r.resuming) rc = settings_from_checkpoint(&r, r.resume, &sum, &tokens);
@@ -1065,8 +1478,13 @@ int cmd_train(int argc, char **argv)
         ct_status s = ct_gpt_config_check(&r.cfg);
         if (s) rc = cli_fail("train: model configuration", s);
     }
-    if (!rc && !r.dump && !r.resuming && r.overwrite) rc = remove_earlier_run(r.out);
-    if (!rc) rc = r.dump ? dump_grads(&r) : train_loop(&r);
+    /* across processes only one rank removes (the others touch OUT after the rendezvous) */
+    const char *rk = getenv("RANK") ? getenv("RANK") : getenv("PMI_RANK") ? getenv("PMI_RANK")
+                                                                            : getenv("OMPI_COMM_WORLD_RANK");
+    bool first_rank = !r.dist || !rk || !strcmp(rk, "0");
+    if (!rc && !r.dump && !r.resuming && r.overwrite && first_rank) rc = remove_earlier_run(r.out);
+    if (!rc) rc = r.dump ? dump_grads(&r) : r.dist ? train_dist(&r) : train_loop(&r);
+    if (r.resume == consolidated) unlink(consolidated);
     run_free(&r);
     return rc;
 }

@@ -10,6 +10,7 @@ static const struct {
     const char *summary;
 } commands[] = {
     {"bench", cmd_bench, "run a benchmark (gemm, lce, ...) against its baseline"},
+    {"checkpoint", cmd_checkpoint, "consolidate a sharded checkpoint into one file"},
     {"generate", cmd_generate, "sample text from a checkpoint of ctorch train"},
     {"inspect", cmd_inspect, "validate a tensor file and list its tensors and metadata (--json)"},
     {"launch", cmd_launch, "start N local ranks of a program (store, output prefixes, failure report)"},

@@ -25,6 +25,7 @@
 #include "ctorch/jit.h"
 #include "ctorch/io.h"
 #include "ctorch/comm.h"
+#include "ctorch/fsdp.h"
 #include "ctorch/data.h"
 #include "ctorch/tokenizer.h"
 #include "ctorch/optim.h"

@@ -48,7 +48,11 @@ ct_train_options ct_train_options_default(void)
 
 static ct_status check_train_options(const ct_gpt_config *c, ct_train_options *o)
 {
-    const char *fn = "ct_trainer_create";
+    return gpt_check_train_options(c, o, "ct_trainer_create");
+}
+
+ct_status gpt_check_train_options(const ct_gpt_config *c, ct_train_options *o, const char *fn)
+{
     if (o->seq == 0) o->seq = c->context;
     if (o->batch < 1)
         return ct_error(CT_EINVAL, "%s: batch must be >= 1, got %lld", fn, (long long)o->batch);
@@ -80,12 +84,16 @@ static ct_status check_train_options(const ct_gpt_config *c, ct_train_options *o
 
 static ct_status check_tokens(const int32_t *x, int64_t n, int64_t V, const char *what)
 {
+    return gpt_check_tokens(x, n, V, what, "ct_trainer_create");
+}
+
+ct_status gpt_check_tokens(const int32_t *x, int64_t n, int64_t V, const char *what,
+                           const char *fn)
+{
     for (int64_t i = 0; i < n; i++)
         if (x[i] < 0 || x[i] >= V)
-            return ct_error(
-                CT_EINVAL,
-                "ct_trainer_create: %s token %lld is %d, outside the vocabulary [0, %lld)", what,
-                (long long)i, x[i], (long long)V);
+            return ct_error(CT_EINVAL, "%s: %s token %lld is %d, outside the vocabulary [0, %lld)",
+                            fn, what, (long long)i, x[i], (long long)V);
     return CT_OK;
 }
 
@@ -159,21 +167,27 @@ int64_t ct_trainer_step_count(const ct_trainer *t)
 
 /* The next micro-batch: B consecutive windows of T + 1 tokens (neighbours share one token).
  * When the stream runs out, a new epoch starts at a random offset in [0, T). */
-static void next_batch(ct_trainer *t)
+void gpt_next_batch(const int32_t *train, int64_t n_train, int64_t B, int64_t T, int64_t *pos,
+                    int64_t *epoch, ct_rng *rng, int32_t *batch)
 {
-    int64_t B = t->o.batch, T = t->o.seq;
-    if (t->pos + B * T + 1 > t->n_train) {
-        t->epoch++;
-        int64_t span = t->n_train - B * T - 1;
-        int64_t off = (int64_t)(ct_rng_uniform(&t->rng) * (double)T);
-        t->pos = span > 0 ? off % (span + 1) : 0;
+    if (*pos + B * T + 1 > n_train) {
+        (*epoch)++;
+        int64_t span = n_train - B * T - 1;
+        int64_t off = (int64_t)(ct_rng_uniform(rng) * (double)T);
+        *pos = span > 0 ? off % (span + 1) : 0;
     }
     for (int64_t b = 0; b < B; b++) {
-        int64_t s = t->pos + b * T;
-        if (s + T + 1 > t->n_train) s = (s % (t->n_train - T)); /* tiny streams: wrap rows */
-        memcpy(t->batch + b * (T + 1), t->train + s, (size_t)(T + 1) * sizeof(int32_t));
+        int64_t s = *pos + b * T;
+        if (s + T + 1 > n_train) s = (s % (n_train - T)); /* tiny streams: wrap rows */
+        memcpy(batch + b * (T + 1), train + s, (size_t)(T + 1) * sizeof(int32_t));
     }
-    t->pos += B * T;
+    *pos += B * T;
+}
+
+static void next_batch(ct_trainer *t)
+{
+    gpt_next_batch(t->train, t->n_train, t->o.batch, t->o.seq, &t->pos, &t->epoch, &t->rng,
+                   t->batch);
 }
 
 ct_status ct_trainer_step(ct_trainer *t, ct_train_step_info *info)

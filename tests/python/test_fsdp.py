@@ -1,0 +1,328 @@
+"""ctorch train across processes (--fsdp, --dp; docs/fsdp.md) through the CLI: the same command
+with and without N ranks trains the same model (50 logged losses within 1e-5 relative, final
+weights within 1e-5 per tensor), repeated runs are bitwise identical, the launcher and mpiexec
+forms, sharded checkpoints (index, COMMITTED, latest, inspect, consolidate, resume with another
+N, a kill during a save), the per-rank memory of sharding, and bad input."""
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def cli_path():
+    if os.environ.get("CTORCH_CLI"):
+        return os.environ["CTORCH_CLI"]
+    lib = os.environ.get("CTORCH_LIB")
+    if lib:
+        return os.path.join(os.path.dirname(lib), "ctorch")
+    return os.path.join(ROOT, "build", "ctorch")
+
+
+def run(args, ok=True, timeout=300, env=None):
+    e = dict(os.environ)
+    e.update(env or {})
+    r = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout,
+                       env=e)
+    if ok:
+        assert r.returncode == 0, f"{' '.join(map(str, args))} failed ({r.returncode}):\n{r.stderr}"
+    return r
+
+
+def ctorch(*args, **kw):
+    return run([cli_path(), *args], **kw)
+
+
+# A small corpus and model: 2 layers, untied head, GQA, document masking.
+TINY = ["--vocab", 256, "--classes", 8, "--sentence", 5, "--repeats", 3, "--layers", 2,
+        "--d-model", 32, "--heads", 4, "--kv-heads", 2, "--ffn", 48, "--context", 16,
+        "--untied", "--threads", 1, "--quiet", "--eval-every", 25, "--eval-batches", 2]
+
+
+def losses(out):
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        rows = [json.loads(l) for l in f]
+    return [r["loss"] for r in rows if "loss" in r], rows
+
+
+def load_st(path):
+    """A safetensors file as {name: float32 array} and its metadata (no safetensors package)."""
+    with open(path, "rb") as f:
+        b = f.read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    out = {}
+    for k, v in h.items():
+        if k == "__metadata__":
+            continue
+        s, e = v["data_offsets"]
+        assert v["dtype"] == "F32"
+        out[k] = np.frombuffer(b[8 + n + s:8 + n + e], dtype=np.float32).reshape(v["shape"])
+    return out, h.get("__metadata__", {})
+
+
+def consolidated(out, tmp):
+    path = os.path.join(tmp, os.path.basename(out) + "-consolidated.safetensors")
+    ctorch("checkpoint", "consolidate", out, path)
+    return load_st(path)
+
+
+def assert_same_run(a, b, tol=1e-5):
+    la, _ = losses(a)
+    lb, _ = losses(b)
+    assert len(la) == len(lb) and la
+    rel = max(abs(x - y) / abs(x) for x, y in zip(la, lb))
+    assert rel <= tol, f"losses differ by {rel:.3g} relative"
+
+
+def assert_same_weights(wa, wb, tol=1e-5):
+    assert set(wa) == set(wb)
+    for k in wa:
+        if k.startswith("optimizer."):
+            continue
+        n = np.linalg.norm(wa[k].astype(np.float64))
+        d = np.linalg.norm(wa[k].astype(np.float64) - wb[k].astype(np.float64))
+        assert d <= tol * max(n, 1e-30), f"{k}: ||w_N - w_1|| / ||w_1|| = {d / n:.3g}"
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    """The one-process run every distributed run must reproduce (50 steps, global batch 6)."""
+    d = tmp_path_factory.mktemp("fsdp")
+    out = str(d / "single")
+    ctorch("train", *TINY, "--steps", 50, "--batch", 6, "--out", out)
+    w, meta = load_st(os.path.join(out, "checkpoint.safetensors"))
+    return out, w, meta, d
+
+
+@pytest.mark.parametrize("mode,n", [("--fsdp", 2), ("--fsdp", 3), ("--dp", 2), ("--dp", 3)])
+def test_equivalence_tcp(baseline, mode, n):
+    single, w1, _, d = baseline
+    out = str(d / f"{mode[2:]}{n}")
+    ctorch("train", *TINY, "--steps", 50, "--batch", 6, "--out", out, mode, "--nproc", n)
+    assert_same_run(single, out)
+    wn, meta = consolidated(out, str(d))
+    assert_same_weights(w1, wn)
+    # the step and data state travel with the shards
+    assert meta["step"] == "50" and meta["format"] == "ctorch-gpt"
+    _, rows = losses(out)
+    end = rows[-1]
+    assert end["event"] == "end" and end["world_size"] == n
+    assert len(end["peak_mem_bytes_per_rank"]) == n and min(end["peak_mem_bytes_per_rank"]) > 0
+    assert 0 <= end["exposed_comm_pct"] <= 100
+
+
+def test_one_rank_fsdp_is_bitwise_the_single_process_run(baseline):
+    single, w1, _, d = baseline
+    out = str(d / "fsdp1")
+    ctorch("train", *TINY, "--steps", 50, "--batch", 6, "--out", out, "--fsdp")
+    assert losses(out)[0] == losses(single)[0]
+    wn, _ = consolidated(out, str(d))
+    for k in w1:
+        assert np.array_equal(w1[k], wn[k]), k
+
+
+@pytest.mark.parametrize("mode", ["--fsdp", "--dp"])
+def test_repeated_runs_are_bitwise(tmp_path, mode):
+    outs = []
+    for i in range(2):
+        out = str(tmp_path / f"r{i}")
+        ctorch("train", *TINY, "--steps", 12, "--batch", 4, "--out", out, mode, "--nproc", 2)
+        outs.append(out)
+    assert losses(outs[0])[0] == losses(outs[1])[0]
+    for f in sorted(os.listdir(os.path.join(outs[0], "latest"))):
+        if f.endswith(".safetensors"):
+            with open(os.path.join(outs[0], "latest", f), "rb") as a, \
+                    open(os.path.join(outs[1], "latest", f), "rb") as b:
+                assert a.read() == b.read(), f
+
+
+def test_launcher_form_and_mixed_precision_and_no_overlap(baseline):
+    single, w1, _, d = baseline
+    out = str(d / "launch2")
+    run([cli_path(), "launch", "--nproc", 2, "--", cli_path(), "train", *TINY, "--steps", 50,
+         "--batch", 6, "--out", out, "--fsdp"])
+    assert_same_run(single, out)
+    # the serialized baseline, a shared communicator, no resharding, prefetch 2: same maths
+    out2 = str(d / "serial2")
+    ctorch("train", *TINY, "--steps", 50, "--batch", 6, "--out", out2, "--fsdp", "--nproc", 2,
+           "--no-overlap", "--no-separate-rs", "--no-reshard", "--prefetch", 2)
+    assert losses(out2)[0] == losses(out)[0]
+    # bf16 all-gather: compute in f32 on bf16-rounded weights: close, not equal
+    out3 = str(d / "bf16")
+    ctorch("train", *TINY, "--steps", 50, "--batch", 6, "--out", out3, "--fsdp", "--nproc", 2,
+           "--param-dtype", "bf16")
+    lb, l1 = losses(out3)[0], losses(single)[0]
+    assert lb != l1 and max(abs(x - y) / x for x, y in zip(lb, l1)) < 0.05
+
+
+def mpiexec():
+    return shutil.which("mpiexec") or shutil.which("mpiexec.hydra")
+
+
+def test_equivalence_mpi(baseline):
+    assert mpiexec(), "mpiexec is missing (scripts/setup.sh installs MPICH)"
+    single, w1, _, d = baseline
+    for n in (2, 3):
+        out = str(d / f"mpi{n}")
+        run([mpiexec(), "-n", n, cli_path(), "train", *TINY, "--steps", 50, "--batch", 6,
+             "--out", out, "--fsdp", "--backend", "mpi"], env={"ASAN_OPTIONS": "detect_leaks=0"})
+        assert_same_run(single, out)
+        wn, _ = consolidated(out, str(d))
+        assert_same_weights(w1, wn)
+
+
+def test_sharded_checkpoint_layout(baseline):
+    _, _, _, d = baseline
+    out = str(d / "fsdp3")
+    if not os.path.exists(out):
+        ctorch("train", *TINY, "--steps", 50, "--batch", 6, "--out", out, "--fsdp", "--nproc", 3)
+    latest = os.path.join(out, "latest")
+    assert os.path.islink(latest) and os.readlink(latest) == "checkpoint-50"
+    files = sorted(os.listdir(latest))
+    assert files == ["COMMITTED", "index.json"] + [f"model-0000{r}-of-00003.safetensors"
+                                                   for r in range(3)]
+    with open(os.path.join(latest, "index.json")) as f:
+        idx = json.load(f)
+    assert idx["format"] == "ctorch-sharded" and idx["world_size"] == 3
+    emb = idx["tensors"]["tok_embeddings.weight"]
+    assert emb["shape"] == [256, 32] and emb["dtype"] == "F32"
+    assert [(s["begin"], s["end"]) for s in emb["shards"]] == [(0, 86), (86, 172), (172, 256)]
+    # a 32-row norm over 3 ranks: 11 + 11 + 10 rows, padding excluded
+    nrm = idx["tensors"]["norm.weight"]["shards"]
+    assert [(s["begin"], s["end"]) for s in nrm] == [(0, 11), (11, 22), (22, 32)]
+    r = ctorch("inspect", out, "--json")
+    j = json.loads(r.stdout)
+    assert j["valid"] and j["world_size"] == 3 and j["step"] == 50 and len(j["files"]) == 3
+    # a damaged shard is found
+    bad = str(d / "damaged")
+    shutil.copytree(latest, bad)
+    with open(os.path.join(bad, "model-00001-of-00003.safetensors"), "r+b") as f:
+        f.truncate(100)
+    r = ctorch("inspect", bad, ok=False)
+    assert r.returncode == 1 and "model-00001-of-00003" in r.stderr
+
+
+def test_resume_with_another_world_size(baseline):
+    """2 -> 1, 1 -> 2, 2 -> 3: a run stopped at step 20 and resumed with another N continues
+    as the uninterrupted one-process run does."""
+    single, w1, _, d = baseline
+    l1 = losses(single)[0]
+    for a, b in [(2, 1), (1, 2), (2, 3)]:
+        out = str(d / f"resume{a}to{b}")
+        first = ["--nproc", a] if a > 1 else []
+        ctorch("train", *TINY, "--steps", 50, "--batch", 6, "--out", out, "--fsdp", *first,
+               "--stop-at", 20)
+        second = ["--nproc", b] if b > 1 else []
+        ctorch("train", "--resume", out, "--out", out, "--fsdp", *second, "--threads", 1,
+               "--quiet")
+        ln, rows = losses(out)
+        by_step = {r["step"]: r["loss"] for r in rows if "loss" in r}
+        assert sorted(by_step) == list(range(1, 51))
+        rel = max(abs(by_step[s] - l1[s - 1]) / l1[s - 1] for s in by_step)
+        assert rel <= 1e-5, f"{a} -> {b}: losses differ by {rel:.3g}"
+        wn, _ = consolidated(out, str(d))
+        assert_same_weights(w1, wn)
+    # a sharded directory also resumes the one-process trainer (and a consolidated file the
+    # sharded one)
+    out = str(d / "resume2to1")
+    ck = os.path.join(str(d), "resume-mid.safetensors")
+    ctorch("checkpoint", "consolidate", os.path.join(out, "checkpoint-20"), ck)
+    out2 = str(d / "resume-file-to-2")
+    ctorch("train", "--resume", ck, "--out", out2, "--fsdp", "--nproc", 2, "--threads", 1,
+           "--quiet")
+    ln, rows = losses(out2)
+    rel = max(abs(r["loss"] - l1[r["step"] - 1]) / l1[r["step"] - 1] for r in rows if "loss" in r)
+    assert rel <= 1e-5
+    out3 = str(d / "resume-dir-to-single")
+    ctorch("train", "--resume", os.path.join(out, "checkpoint-20"), "--out", out3, "--threads",
+           1, "--quiet")
+    w3, _ = load_st(os.path.join(out3, "checkpoint.safetensors"))
+    assert_same_weights(w1, w3)
+
+
+def test_kill_during_save_leaves_previous_checkpoint(tmp_path):
+    out = str(tmp_path / "kill")
+    args = [cli_path(), "train", *TINY, "--steps", 400, "--batch", 4, "--out", out, "--fsdp",
+            "--nproc", 2, "--save-every", 1, "--layers", 4, "--d-model", 64, "--ffn", 128]
+    p = subprocess.Popen([str(a) for a in args], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+    caught = False
+    t0 = time.time()
+    try:
+        while time.time() - t0 < 60 and p.poll() is None:
+            if os.path.isdir(out):
+                dirs = [x for x in os.listdir(out) if x.startswith("checkpoint-")]
+                pending = [x for x in dirs
+                           if not os.path.exists(os.path.join(out, x, "COMMITTED"))]
+                if pending and any(os.path.exists(os.path.join(out, x, "COMMITTED"))
+                                   for x in dirs):
+                    os.killpg(p.pid, signal.SIGKILL)
+                    caught = True
+                    break
+            time.sleep(0.001)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    assert caught, "never saw a save in progress"
+    latest = os.path.join(out, "latest")
+    assert os.path.exists(os.path.join(latest, "COMMITTED"))
+    ctorch("inspect", out)
+    # the half-written one is refused, the committed one resumes
+    pending = [x for x in os.listdir(out) if x.startswith("checkpoint-")
+               and not os.path.exists(os.path.join(out, x, "COMMITTED"))]
+    r = ctorch("train", "--resume", os.path.join(out, pending[0]), "--out", out, "--fsdp",
+               "--quiet", ok=False)
+    assert r.returncode == 1 and "COMMITTED" in r.stderr
+    step = int(os.readlink(latest).split("-")[1])
+    ctorch("train", "--resume", out, "--out", out, "--fsdp", "--nproc", 2, "--threads", 1,
+           "--quiet", "--stop-at", step + 2)
+    assert os.readlink(latest) == f"checkpoint-{step + 2}"
+
+
+def test_memory_per_rank(tmp_path):
+    """Parameters + gradients + AdamW moments per rank at N=2 within 0.55x of N=1; gathered
+    parameter buffers at most prefetch + 1 blocks and the root group; and the tracked peak of a
+    rank at N=2 at most the N=1 peak (same rows per rank, so the same activations and block
+    buffers) less the 45% of the training state it no longer holds."""
+    big = [*TINY, "--layers", 6, "--d-model", 64, "--ffn", 192, "--vocab", 512, "--steps", 3]
+    s1 = str(tmp_path / "s1")
+    ctorch("train", *big, "--batch", 2, "--out", s1, "--fsdp")  # 2 rows: a rank's share at N=2
+    s2 = str(tmp_path / "s2")
+    ctorch("train", *big, "--batch", 4, "--out", s2, "--fsdp", "--nproc", 2)
+    r1, r2 = losses(s1)[1], losses(s2)[1]
+    st1, st2 = r1[0]["state_bytes"], r2[0]["state_bytes"]
+    assert st2 <= 0.55 * st1, (st1, st2)
+    block, pf = r2[0]["block_bytes"], r2[0]["prefetch"]
+    end1, end2 = r1[-1], r2[-1]
+    assert end2["peak_gathered_bytes"] <= (pf + 2) * block
+    assert end1["peak_gathered_bytes"] <= (pf + 2) * block
+    for peak in end2["peak_mem_bytes_per_rank"]:
+        assert peak <= end1["peak_mem_bytes"] - 0.45 * st1, (peak, end1["peak_mem_bytes"], st1)
+
+
+def test_bad_input(tmp_path):
+    out = str(tmp_path / "bad")
+    r = ctorch("train", *TINY, "--batch", 5, "--steps", 2, "--out", out, "--fsdp", "--nproc", 2,
+               ok=False)
+    assert r.returncode != 0 and "does not split evenly" in r.stderr
+    r = ctorch("train", *TINY, "--steps", 2, "--out", out, "--nproc", 2, ok=False)
+    assert r.returncode == 2 and "--fsdp or --dp" in r.stderr
+    r = ctorch("train", *TINY, "--steps", 2, "--out", out, "--fsdp", "--elastic", "--backend",
+               "mpi", ok=False)
+    assert r.returncode == 2 and "tcp" in r.stderr
+    r = ctorch("train", "--resume", str(tmp_path), "--out", out, "--fsdp", ok=False)
+    assert r.returncode == 1
+    r = ctorch("checkpoint", "consolidate", str(tmp_path), str(tmp_path / "x.safetensors"),
+               ok=False)
+    assert r.returncode == 1
+    r = ctorch("checkpoint", "nonsense", ok=False)
+    assert r.returncode == 2
