@@ -102,6 +102,7 @@ typedef struct tentry {
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static tentry g_table[TABLE_MAX];
 static int g_ntable;
+static jkernel *g_retired; /* kernels dropped from the table: still loaded, still in use */
 static char g_version[256]; /* first line of the compiler's --version (per process) */
 static char g_version_of[PATH_MAX];
 static atomic_llong st_table, st_cache, st_compiles, st_rebuilt, st_procs;
@@ -119,7 +120,12 @@ void ct_jit_get_stats(ct_jit_stats *out)
 void ct_jit_reset_table(void)
 {
     pthread_mutex_lock(&g_lock);
-    g_ntable = 0; /* the kernels stay loaded: mods made from them keep working */
+    /* the kernels stay loaded (mods made from them keep working) and reachable */
+    for (int i = 0; i < g_ntable; i++) {
+        g_table[i].k->retired_next = g_retired;
+        g_retired = g_table[i].k;
+    }
+    g_ntable = 0;
     pthread_mutex_unlock(&g_lock);
 }
 

@@ -109,6 +109,7 @@ typedef struct jkernel {
     void (*mask_tile)(const ctj_arr *, const ct_attn_tile *, uint8_t *);
     jir *ir; /* owned */
     char key[65];
+    struct jkernel *retired_next; /* ct_jit_reset_table keeps dropped kernels on a list */
 } jkernel;
 
 /* Compile (or find) the kernels of n IRs; kernels[i] are process-lifetime objects. The IRs
