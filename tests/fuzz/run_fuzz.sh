@@ -39,6 +39,10 @@ for t in "${TARGETS[@]}"; do
     seeds="$BUILD/fuzz-seeds/jit_expr"
     /usr/bin/python3 tests/fuzz/make_corpus_jit.py "$seeds"
   fi
+  if [ "$t" = fuzz_checkpoint ]; then  # checkpoints and hostile variants, written by a script
+    seeds="$BUILD/fuzz-seeds/checkpoint"
+    /usr/bin/python3 tests/fuzz/make_checkpoint_corpus.py "$seeds"
+  fi
   case $t in  # the Hugging Face JSON targets: seeds written by a script
     fuzz_hf_*) seeds="$BUILD/fuzz-seeds/$t"; /usr/bin/python3 tests/fuzz/make_hf_corpus.py "$t" "$seeds" ;;
   esac

@@ -247,3 +247,16 @@ def test_dims_out_of_range_are_refused_not_wrapped():
                          (lambda: ci.gather(x, 2, torch.zeros(3, 1, dtype=torch.long)),
                           lambda: torch.gather(x, 2, torch.zeros(3, 1, dtype=torch.long)))):
         same_error(ours, theirs, "Dimension out of range")
+
+
+def test_integers_beyond_float32_are_refused_not_rounded():
+    big = torch.tensor([2 ** 25 + 1, 2 ** 25, 3])
+    torch.sort(big)  # exact in PyTorch
+    for f in (lambda: ci.sort(big), lambda: ci.topk(big, 1), lambda: ci.max(big, 0), lambda: ci.argmax(big),
+              lambda: ci.sum(big), lambda: ci.gather(big, 0, torch.tensor([0]))):
+        with pytest.raises(NotImplementedError, match="2\\^24"):
+            f()
+    small = torch.tensor([5, -3, 7, 7])
+    assert torch.equal(ci.sort(small)[0], torch.sort(small)[0])
+    assert torch.equal(ci.sum(small), torch.sum(small))
+    same_error(lambda: ci.mean(small), lambda: torch.mean(small))

@@ -197,3 +197,21 @@ def id_tensor(fn, name, t):
         fail(RuntimeError, fn, f"Expected tensor for argument #1 '{name}' to have one of the following scalar "
                                f"types: Long, Int; but got {t.dtype} instead")
     return t
+
+
+F32_EXACT = 1 << 24  # every integer up to this magnitude is exact in float32
+
+
+def f32_exact(fn, name, t, scale=1):
+    """Integer values that the float32 kernels hold exactly (|x| * scale <= 2^24): ctorch
+    computes values in float32, and PyTorch keeps integers exact, so larger ones are refused
+    (NotImplementedError) rather than rounded."""
+    tensor(fn, name, t)
+    if t.is_floating_point() or t.dtype == torch.bool or t.numel() == 0:
+        return t
+    big = int(t.abs().max()) if t.dtype != torch.uint8 else int(t.max())
+    if big * scale > F32_EXACT:
+        fail(NotImplementedError, fn, f"{name} holds integers up to {big}{f' (x {scale} summed)' if scale > 1 else ''}; "
+                                      f"ctorch's kernels compute in float32, exact only up to 2^24, so this is "
+                                      f"refused rather than rounded (use torch for it)")
+    return t

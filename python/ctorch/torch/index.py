@@ -7,7 +7,9 @@ are computed in float32 and returned in the input's dtype (a bf16 embedding tabl
 by the bf16 kernel); indices are int64. The kernels work on the last dim of [N, C] rows, so
 another ``dim`` is moved last first (one contiguous copy). Differences from torch, all
 documented in ctorch/ops_index.h: topk always returns sorted results and, on ties, the lower
-position first; sort is always stable; sums are accumulated in double.
+position first; sort is always stable; sums are accumulated in double. Integer inputs are
+taken when float32 holds them exactly (|x| <= 2^24, sums included) and refused
+(NotImplementedError) beyond, never rounded; arguments are checked by ctorch.torch._checks.
 
 This module defines ``sum``, ``max`` and ``min``: import it as a module
 (``from ctorch.torch import index``) rather than with ``*``.
@@ -174,11 +176,13 @@ class _Select(torch.autograd.Function):
 
 def sort(input, dim=-1, descending=False, stable=False):
     """torch.sort: (values, indices). Always the stable order; NaN sorts as the largest."""
+    C.f32_exact("sort", "input", input)
     return _Select.apply(input, dim, None, bool(descending), bool(stable))
 
 
 def argsort(input, dim=-1, descending=False, stable=False):
     """torch.argsort (stable order)."""
+    C.f32_exact("argsort", "input", input)
     rows = _Rows(input.shape, dim)
     idx = _empty(rows.N, rows.C, dtype=torch.int64)
     xr = rows.to_rows(input.detach())  # held: _p gives a bare address
@@ -189,6 +193,7 @@ def argsort(input, dim=-1, descending=False, stable=False):
 def topk(input, k, dim=-1, largest=True, sorted=True):
     """torch.topk: (values, indices), always sorted best first; ties go to the lower
     position."""
+    C.f32_exact("topk", "input", input)
     return _Select.apply(input, dim, int(k), bool(largest), bool(sorted))
 
 
@@ -241,7 +246,7 @@ class _Gather(torch.autograd.Function):
 
 def gather(input, dim, index):
     """torch.gather(input, dim, index); the backward is a deterministic scatter-add."""
-    C.tensor("gather", "input", input)
+    C.f32_exact("gather", "input", input)
     if input.dim() == 0:
         C.fail(RuntimeError, "gather", "input must have at least 1 dim")
     dim = C.dim("gather", dim, input.dim())
@@ -282,7 +287,9 @@ class _ScatterAdd(torch.autograd.Function):
 def scatter_add(input, dim, index, src):
     """torch.scatter_add(input, dim, index, src) (out of place); duplicates are added in
     index order, so the result is deterministic."""
-    C.tensor("scatter_add", "input", input)
+    C.f32_exact("scatter_add", "input", input)
+    C.int64_index("scatter_add", "index", index)
+    C.f32_exact("scatter_add", "src", src, 1 + index.numel())  # a conservative bound on the sums
     if input.dim() == 0:
         C.fail(RuntimeError, "scatter_add", "input must have at least 1 dim")
     dim = C.dim("scatter_add", dim, input.dim())
@@ -327,11 +334,16 @@ class _Sum(torch.autograd.Function):
 def sum(input, dim=None, keepdim=False):
     """torch.sum over one dim, or over everything when dim is None (accumulated in double
     in a fixed order: the same bits for any thread count)."""
+    C.f32_exact("sum", "input", input, input.numel() if isinstance(input, torch.Tensor) else 1)
     return _Sum.apply(input, dim, keepdim, False)
 
 
 def mean(input, dim=None, keepdim=False):
     """torch.mean over one dim, or over everything when dim is None."""
+    C.tensor("mean", "input", input)
+    if not input.is_floating_point():
+        C.fail(RuntimeError, "mean", f"mean(): could not infer output dtype. Input dtype must be either a floating "
+                                     f"point or complex dtype. Got: {C.scalar_name(input.dtype)}")
     return _Sum.apply(input, dim, keepdim, True)
 
 
@@ -362,16 +374,19 @@ class _Extreme(torch.autograd.Function):
 def max(input, dim, keepdim=False):
     """torch.max(input, dim, keepdim): (values, indices); the first position on ties, the
     first NaN if any; the gradient goes to that position."""
+    C.f32_exact("max", "input", input)
     return _Extreme.apply(input, dim, keepdim, True)
 
 
 def min(input, dim, keepdim=False):
     """torch.min(input, dim, keepdim): (values, indices), as max."""
+    C.f32_exact("min", "input", input)
     return _Extreme.apply(input, dim, keepdim, False)
 
 
 def argmax(input, dim=None, keepdim=False):
     """torch.argmax: over the flattened tensor when dim is None."""
+    C.f32_exact("argmax", "input", input)
     x = input.detach()
     if dim is None:
         rows = _Rows((x.numel(),), 0)
