@@ -20,6 +20,7 @@ int cmd_launch(int argc, char **argv);
 int cmd_checkpoint(int argc, char **argv);
 /* ctorch inspect DIR: a sharded checkpoint directory (cmd_checkpoint.c). */
 int cli_inspect_sharded(const char *dir, bool json);
+int cmd_convert(int argc, char **argv);
 
 /* Print "ctorch: <what>: <status>: <last error>" to stderr and return exit status 1. */
 int cli_fail(const char *what, ct_status s);

@@ -11,8 +11,9 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: ctorch inspect FILE|DIR [--json]\n"
-            "Detect FILE's format from its bytes; for safetensors, validate every rule and list\n"
-            "the tensors (name, dtype, shape, bytes, data offsets), the metadata and the totals.\n"
+            "Detect FILE's format from its bytes; for safetensors and PyTorch checkpoints (.pt\n"
+            "zip or legacy), validate every rule and list the tensors (name, dtype, shape, bytes,\n"
+            "data offsets; for .pt also strides and storage), the metadata and the totals.\n"
             "A DIR is a sharded checkpoint (ctorch train --fsdp): its index and every shard are\n"
             "checked.\n"
             "Exit status 0 for a valid file; 1 with the reason on stderr otherwise.\n"
@@ -41,6 +42,7 @@ static void shape_text(const ct_tensor_info *t, char *buf, size_t cap)
 static int print_json(const char *path, ct_tensor_file *f, const ct_tensor_file_summary *sm)
 {
     json_t *tensors = json_array(), *meta = json_object(), *by = json_object();
+    bool pt = sm->format == CT_FORMAT_PYTORCH_ZIP || sm->format == CT_FORMAT_PICKLE;
     uint64_t bytes_by[CT_ST_DTYPE_COUNT] = {0};
     size_t count_by[CT_ST_DTYPE_COUNT] = {0};
     for (size_t i = 0; i < sm->tensors; i++) {
@@ -55,6 +57,16 @@ static int print_json(const char *path, ct_tensor_file *f, const ct_tensor_file_
                                                  "bytes", (json_int_t)t.nbytes, "data_offsets",
                                                  (json_int_t)t.data_begin, (json_int_t)t.data_end,
                                                  "file_offset", (json_int_t)t.file_offset));
+        if (pt) {
+            json_t *o = json_array_get(tensors, json_array_size(tensors) - 1), *st = json_array();
+            for (int d = 0; t.strides && d < t.ndim; d++)
+                json_array_append_new(st, json_integer(t.strides[d]));
+            json_object_set_new(o, "strides", t.strides ? st : (json_decref(st), json_null()));
+            ct_storage_info si;
+            ct_tensor_file_storage(f, t.storage, &si);
+            json_object_set_new(o, "storage", json_string(si.key));
+            json_object_set_new(o, "storage_offset", json_integer((json_int_t)t.storage_offset));
+        }
         bytes_by[t.st_dtype] += t.nbytes;
         count_by[t.st_dtype]++;
     }
@@ -75,6 +87,7 @@ static int print_json(const char *path, ct_tensor_file *f, const ct_tensor_file_
         (json_int_t)sm->data_offset, "data_bytes", (json_int_t)sm->data_bytes, "metadata", meta,
         "tensors", tensors, "totals", "tensors", (json_int_t)sm->tensors, "elements",
         (json_int_t)sm->total_elements, "bytes", (json_int_t)sm->data_bytes, "by_dtype", by);
+    if (pt) json_object_set_new(j, "storages", json_integer((json_int_t)sm->storages));
     char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(j);
     if (!s) return cli_fail("inspect: out of memory", CT_ENOMEM);
@@ -85,12 +98,19 @@ static int print_json(const char *path, ct_tensor_file *f, const ct_tensor_file_
 
 static void print_text(const char *path, ct_tensor_file *f, const ct_tensor_file_summary *sm)
 {
+    bool pt = sm->format == CT_FORMAT_PYTORCH_ZIP || sm->format == CT_FORMAT_PICKLE;
     printf("file    ");
     put_safe(path);
-    printf("\nformat  %s, %llu bytes: header %llu bytes, data %llu bytes at offset %llu\n",
-           ct_file_format_name(sm->format), (unsigned long long)sm->file_bytes,
-           (unsigned long long)sm->header_bytes, (unsigned long long)sm->data_bytes,
-           (unsigned long long)sm->data_offset);
+    if (pt)
+        printf("\nformat  %s, %llu bytes: pickle %llu bytes, %zu storages of %llu bytes\n",
+               ct_file_format_name(sm->format), (unsigned long long)sm->file_bytes,
+               (unsigned long long)sm->header_bytes, sm->storages,
+               (unsigned long long)sm->data_bytes);
+    else
+        printf("\nformat  %s, %llu bytes: header %llu bytes, data %llu bytes at offset %llu\n",
+               ct_file_format_name(sm->format), (unsigned long long)sm->file_bytes,
+               (unsigned long long)sm->header_bytes, (unsigned long long)sm->data_bytes,
+               (unsigned long long)sm->data_offset);
     if (sm->metadata) {
         printf("metadata (%zu)\n", sm->metadata);
         for (size_t i = 0; i < sm->metadata; i++) {
@@ -103,7 +123,8 @@ static void print_text(const char *path, ct_tensor_file *f, const ct_tensor_file
             putchar('\n');
         }
     }
-    printf("tensors (%zu, in file order)\n", sm->tensors);
+    printf("tensors (%zu, in file order%s)\n", sm->tensors,
+           pt ? "; begin and end: bytes of the storage the tensor reaches" : "");
     if (sm->tensors)
         printf("  %-12s %-22s %14s %14s %14s  %s\n", "dtype", "shape", "bytes", "begin", "end",
                "name");
@@ -116,6 +137,20 @@ static void print_text(const char *path, ct_tensor_file *f, const ct_tensor_file
                (unsigned long long)t.nbytes, (unsigned long long)t.data_begin,
                (unsigned long long)t.data_end);
         put_safe(t.name);
+        if (pt) {
+            ct_storage_info si;
+            ct_tensor_file_storage(f, t.storage, &si);
+            printf("  (storage ");
+            put_safe(si.key);
+            printf(" at element %llu", (unsigned long long)t.storage_offset);
+            if (t.strides) {
+                printf(", strides [");
+                for (int d = 0; d < t.ndim; d++)
+                    printf("%s%lld", d ? ", " : "", (long long)t.strides[d]);
+                printf("]");
+            }
+            printf(")");
+        }
         putchar('\n');
     }
     printf("total   %zu tensors, %llu elements, %llu bytes (%.2f MiB)\n", sm->tensors,

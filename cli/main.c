@@ -11,6 +11,7 @@ static const struct {
 } commands[] = {
     {"bench", cmd_bench, "run a benchmark (gemm, lce, ...) against its baseline"},
     {"checkpoint", cmd_checkpoint, "consolidate a sharded checkpoint into one file"},
+    {"convert", cmd_convert, "convert tensor files: .pt <-> safetensors, --dtype (atomic)"},
     {"generate", cmd_generate, "sample text from a checkpoint of ctorch train"},
     {"inspect", cmd_inspect, "validate a tensor file and list its tensors and metadata (--json)"},
     {"launch", cmd_launch, "start N local ranks of a program (store, output prefixes, failure report)"},

@@ -6,9 +6,14 @@
  * torch.load does. Safetensors files are mapped read-only and validated in full before any
  * tensor is handed out (the rules are listed with ct_st_rule and in docs/safetensors.md);
  * tensors are then zero-copy views into the mapping, converted or copied only on request.
- * PyTorch zip checkpoints, legacy pickles, GGUF and NumPy files are recognised and refused
- * with CT_EUNSUPPORTED ("not supported yet"); anything else is CT_EFORMAT ("unknown
- * format", with the first bytes in hex).
+ * PyTorch checkpoints (torch.save zip files and the legacy non-zip format) are read natively
+ * and safely, as torch.load(weights_only=True) does: a strict zip reader and an unpickler
+ * that never calls anything and knows only the allow-list of globals (docs/pt.md). Their
+ * storages are mapped like safetensors data, tensors are views into them (sharing
+ * storages, any strides), nested containers flatten to dotted names, and non-tensor values
+ * become metadata (JSON text). GGUF and NumPy files are recognised and refused with
+ * CT_EUNSUPPORTED ("not supported yet"); anything else is CT_EFORMAT ("unknown format",
+ * with the first bytes in hex).
  *
  *     ct_tensor_file *f;
  *     if (ct_load("model.safetensors", NULL, &f) != CT_OK) puts(ct_last_error());
@@ -37,8 +42,9 @@ extern "C" {
 typedef enum ct_file_format {
     CT_FORMAT_UNKNOWN = 0,     /**< none of the below; as ct_load_options.format: detect */
     CT_FORMAT_SAFETENSORS = 1, /**< u64 header length, '{' at byte 8 (loaded) */
-    CT_FORMAT_PYTORCH_ZIP = 2, /**< torch.save zip archive, "PK\x03\x04" */
-    CT_FORMAT_PICKLE = 3,      /**< legacy torch.save / pickle, 0x80 then protocol 2..5 */
+    CT_FORMAT_PYTORCH_ZIP = 2, /**< torch.save zip archive, "PK\x03\x04" (loaded) */
+    CT_FORMAT_PICKLE = 3,      /**< legacy torch.save / pickle, 0x80 then protocol 2..5
+                                    (loaded when it is a legacy torch.save file) */
     CT_FORMAT_GGUF = 4,        /**< llama.cpp GGUF, "GGUF" */
     CT_FORMAT_NUMPY = 5,       /**< NumPy .npy, "\x93NUMPY" */
     CT_FORMAT_NPZ = 6,         /**< NumPy .npz: a zip whose first member ends in ".npy" */
@@ -135,7 +141,8 @@ CT_API ct_status ct_safetensors_validate(const void *data, size_t size, ct_st_ru
 /** Options of ct_load / ct_load_memory. */
 typedef struct ct_load_options {
     ct_file_format format; /**< CT_FORMAT_UNKNOWN (default): detect from the bytes;
-                                CT_FORMAT_SAFETENSORS: parse as safetensors regardless */
+                                CT_FORMAT_SAFETENSORS / _PYTORCH_ZIP / _PICKLE: parse as
+                                that format regardless */
     bool populate;         /**< prefault every page at open (MAP_POPULATE): the open
                                 reads the whole file, later reads take no page faults.
                                 Default false: open costs the same for any file size */
@@ -152,9 +159,11 @@ typedef struct ct_tensor_file ct_tensor_file;
  *  come in as tensors are touched. The file must not be truncated while it is open (the OS
  *  would deliver SIGBUS on access to the lost pages); replacing it with ct_save_* is safe
  *  (rename keeps the old inode alive). Errors: CT_EIO (open/stat/map failed), CT_EINVAL
- *  (not a regular file), CT_EUNSUPPORTED (a recognised format ctorch cannot read yet),
- *  CT_EFORMAT / CT_EOVERFLOW (an unknown format, or a safetensors rule broken: see
- *  ct_st_rule), CT_ENOMEM. *out is NULL on failure. */
+ *  (not a regular file), CT_EUNSUPPORTED (a recognised format ctorch cannot read yet, or
+ *  a .pt file holding what ctorch has no tensor for: sparse, quantized or meta tensors),
+ *  CT_EFORMAT / CT_EOVERFLOW (an unknown format, a safetensors rule broken: see
+ *  ct_st_rule, or a .pt file refused: "pt [<rule>]", docs/pt.md), CT_ENOMEM.
+ *  *out is NULL on failure. */
 CT_API ct_status ct_load(const char *path, const ct_load_options *opts, ct_tensor_file **out);
 
 /** Same as ct_load over a file image already in memory. Nothing is copied: `data` must
@@ -169,19 +178,25 @@ CT_API void ct_tensor_file_close(ct_tensor_file *f);
 typedef struct ct_tensor_file_summary {
     ct_file_format format;
     uint64_t file_bytes;     /**< total size */
-    uint64_t header_bytes;   /**< N, the JSON header length including padding */
-    uint64_t data_offset;    /**< 8 + N: where the data buffer starts in the file */
-    uint64_t data_bytes;     /**< size of the data buffer */
+    uint64_t header_bytes;   /**< N, the JSON header length including padding (.pt: the
+                                  size of the pickle holding the object tree) */
+    uint64_t data_offset;    /**< 8 + N: where the data buffer starts in the file (.pt: 0) */
+    uint64_t data_bytes;     /**< size of the data buffer (.pt: sum of the storages) */
     uint64_t total_elements; /**< sum over tensors */
     size_t tensors;
-    size_t metadata; /**< __metadata__ entries */
+    size_t metadata; /**< __metadata__ entries (.pt: non-tensor values) */
+    size_t storages; /**< .pt: storages (several tensors may view one); safetensors: tensors */
 } ct_tensor_file_summary;
 
 /** Fill *out with the figures of f. CT_EINVAL if either is NULL. */
 CT_API ct_status ct_tensor_file_summarize(const ct_tensor_file *f, ct_tensor_file_summary *out);
 
 /** Everything the header says about one tensor. Pointers stay valid until the file is
- *  closed. */
+ *  closed. For .pt files a tensor is a view into a storage (several may share one): then
+ *  data_begin / data_end delimit the bytes of the storage the view can reach (relative to
+ *  the storage's start; end - begin may exceed nbytes for strided views and be smaller for
+ *  broadcast ones), `strides` is set unless the view is row-major contiguous, and data /
+ *  file_offset locate element [0, ..., 0]. */
 typedef struct ct_tensor_info {
     const char *name;     /**< UTF-8, NUL-terminated (names holding NUL are rejected) */
     ct_st_dtype st_dtype; /**< the header's dtype */
@@ -193,10 +208,33 @@ typedef struct ct_tensor_info {
     uint64_t nbytes;      /**< numel x bits / 8 == data_end - data_begin */
     uint64_t data_begin;  /**< data_offsets[0], relative to the data buffer */
     uint64_t data_end;    /**< data_offsets[1] (exclusive) */
-    uint64_t file_offset; /**< 8 + N + data_begin: absolute position in the file */
+    uint64_t file_offset; /**< 8 + N + data_begin: absolute position in the file (.pt: of
+                               element [0, ..., 0]) */
     const void *data;     /**< the bytes (read-only; may be unaligned if the writer did
                                not align: ctorch's writer always aligns) */
+    const int64_t *strides;  /**< ndim strides in elements, or NULL when the tensor is
+                                  row-major contiguous (always NULL for safetensors) */
+    size_t storage;          /**< index of its storage (ct_tensor_file_storage); for
+                                  safetensors, the tensor's own index */
+    uint64_t storage_offset; /**< .pt: elements from the storage's start to element 0 */
 } ct_tensor_info;
+
+/** One storage of a .pt file: the bytes tensors view (safetensors: one per tensor). */
+typedef struct ct_storage_info {
+    const char *key;      /**< its key in the checkpoint ("0", ...); the tensor name for
+                               safetensors */
+    ct_st_dtype st_dtype; /**< element dtype (complex128 storages: F64, two per element) */
+    uint64_t nbytes;
+    uint64_t file_offset; /**< absolute position of its bytes in the file */
+    const void *data;     /**< read-only; a byte-swapped copy for big-endian files */
+} ct_storage_info;
+
+/** Number of storages (see ct_tensor_file_summary.storages). 0 for NULL. */
+CT_API size_t ct_tensor_file_storage_count(const ct_tensor_file *f);
+
+/** Storage `index`. CT_EINVAL if index >= count. */
+CT_API ct_status ct_tensor_file_storage(const ct_tensor_file *f, size_t index,
+                                        ct_storage_info *out);
 
 /** Number of tensors. 0 for NULL. */
 CT_API size_t ct_tensor_file_count(const ct_tensor_file *f);
@@ -210,7 +248,8 @@ CT_API ct_status ct_tensor_file_info(const ct_tensor_file *f, size_t index, ct_t
 CT_API ct_status ct_tensor_file_find(const ct_tensor_file *f, const char *name, size_t *index);
 
 /** Zero-copy view of tensor `index`: out->data points into the read-only mapping (writing
- *  through it faults), out->owns is false, and it dies with the file. CT_EUNSUPPORTED for
+ *  through it faults), out->owns is false, and it dies with the file. Views of .pt tensors
+ *  keep their strides (views of one storage share memory). CT_EUNSUPPORTED for
  *  dtypes without a ctorch dtype (read ct_tensor_info.data instead) or ndim > CT_MAX_DIMS. */
 CT_API ct_status ct_tensor_file_view(const ct_tensor_file *f, size_t index, ct_tensor *out);
 
@@ -296,6 +335,23 @@ CT_API ct_status ct_save_safetensors_entries(const char *path, const ct_save_ent
                                              size_t count, const char *const *meta_keys,
                                              const char *const *meta_values, size_t meta_count,
                                              const ct_save_options *opts);
+
+/** Write `count` tensors to a torch.save zip checkpoint at `path` (atomically, as
+ *  ct_save_safetensors): an OrderedDict name -> tensor that torch.load reads, with
+ *  weights_only=True too (PyTorch 1.13 and later). Each tensor gets its own storage,
+ *  written contiguous (strided tensors through a bounded staging buffer), 64-byte aligned
+ *  in the file; zip64 records are written when the archive needs them. Entries may be
+ *  ct_tensors of any ctorch dtype but the f8 ones, or raw bytes of the safetensors dtypes
+ *  torch has (BOOL, U8, I8, I16, I32, I64, F16, BF16, F32, F64, C64). Names must be
+ *  unique, valid UTF-8. Errors: CT_EINVAL (naming the entry), CT_EUNSUPPORTED (a dtype
+ *  PyTorch has no storage for), CT_EOVERFLOW, CT_ENOMEM, CT_EIO; the target is untouched on
+ *  error. opts may be NULL (defaults). */
+CT_API ct_status ct_save_pt_entries(const char *path, const ct_save_entry *entries, size_t count,
+                                    const ct_save_options *opts);
+
+/** ct_save_pt_entries for tensors[i] named names[i]. */
+CT_API ct_status ct_save_pt(const char *path, const ct_tensor *tensors, const char *const *names,
+                            size_t count, const ct_save_options *opts);
 
 #ifdef __cplusplus
 }

@@ -1,4 +1,6 @@
-"""Safetensors through libctorch: format detection, zero-copy loading, atomic saving.
+"""Tensor files through libctorch: format detection, zero-copy loading of safetensors and
+PyTorch checkpoints (.pt zip and legacy files, read safely: nothing in them is ever run),
+atomic saving of safetensors and .pt files.
 
     from ctorch import io
     with io.SafetensorsFile("model.safetensors") as f:
@@ -8,6 +10,11 @@
     io.save("out.safetensors", {"w": np_array, "b": torch_bf16_tensor}, metadata={"step": "1"})
 
 Views returned by ``raw``/``numpy`` keep the file open for as long as they live.
+
+    tensors, metadata = io.load("model.pt")     # also .safetensors
+    # nested containers flatten to dotted names ("model.layers.0.weight", "opt.0"), non-tensor
+    # values go to metadata as JSON text; tensors viewing one storage share memory here too.
+    io.save_pt("out.pt", {"w": np_array})       # torch.load(weights_only=True) reads it
 """
 import ctypes
 
@@ -47,6 +54,12 @@ class _Info(ctypes.Structure):
                 ("dtype", ctypes.c_int), ("ndim", ctypes.c_int), ("shape", _i64p),
                 ("numel", ctypes.c_uint64), ("nbytes", ctypes.c_uint64),
                 ("data_begin", ctypes.c_uint64), ("data_end", ctypes.c_uint64),
+                ("file_offset", ctypes.c_uint64), ("data", ctypes.c_void_p),
+                ("strides", _i64p), ("storage", ctypes.c_size_t), ("storage_offset", ctypes.c_uint64)]
+
+
+class _StorageInfo(ctypes.Structure):
+    _fields_ = [("key", ctypes.c_char_p), ("st_dtype", ctypes.c_int), ("nbytes", ctypes.c_uint64),
                 ("file_offset", ctypes.c_uint64), ("data", ctypes.c_void_p)]
 
 
@@ -54,7 +67,8 @@ class _Summary(ctypes.Structure):
     _fields_ = [("format", ctypes.c_int), ("file_bytes", ctypes.c_uint64),
                 ("header_bytes", ctypes.c_uint64), ("data_offset", ctypes.c_uint64),
                 ("data_bytes", ctypes.c_uint64), ("total_elements", ctypes.c_uint64),
-                ("tensors", ctypes.c_size_t), ("metadata", ctypes.c_size_t)]
+                ("tensors", ctypes.c_size_t), ("metadata", ctypes.c_size_t),
+                ("storages", ctypes.c_size_t)]
 
 
 class _LoadOptions(ctypes.Structure):
@@ -85,6 +99,8 @@ lib.ct_tensor_file_summarize.argtypes = [_vp, _P(_Summary)]
 lib.ct_tensor_file_count.argtypes = [_vp]
 lib.ct_tensor_file_count.restype = ctypes.c_size_t
 lib.ct_tensor_file_info.argtypes = [_vp, ctypes.c_size_t, _P(_Info)]
+lib.ct_tensor_file_storage.argtypes = [_vp, ctypes.c_size_t, _P(_StorageInfo)]
+lib.ct_save_pt_entries.argtypes = [ctypes.c_char_p, _P(_SaveEntry), ctypes.c_size_t, _P(_SaveOptions)]
 lib.ct_tensor_file_find.argtypes = [_vp, ctypes.c_char_p, _P(ctypes.c_size_t)]
 lib.ct_tensor_file_read.argtypes = [_vp, ctypes.c_size_t, ctypes.c_int, _P(_Tensor)]
 lib.ct_tensor_file_metadata_count.argtypes = [_vp]
@@ -122,7 +138,8 @@ def validate(data):
 
 
 class SafetensorsFile:
-    """A file opened with ct_load: mapped read-only, validated, tensors as zero-copy views."""
+    """A file opened with ct_load (safetensors or a PyTorch checkpoint): mapped read-only,
+    validated, tensors as zero-copy views. ``TensorFile`` is the same class."""
 
     def __init__(self, path, populate=False, force_safetensors=False):
         o = lib.ct_load_options_default()
@@ -144,6 +161,11 @@ class SafetensorsFile:
             check(lib.ct_tensor_file_info(h, i, ctypes.byref(inf)))
             self._infos.append(inf)
         self._index = {inf.name.decode(): i for i, inf in enumerate(self._infos)}
+        self._storages = []
+        for i in range(s.storages):
+            si = _StorageInfo()
+            check(lib.ct_tensor_file_storage(h, i, ctypes.byref(si)))
+            self._storages.append(si)
         self.metadata = {}
         for i in range(s.metadata):
             k, v = ctypes.c_char_p(), ctypes.c_char_p()
@@ -194,13 +216,55 @@ class SafetensorsFile:
 
     def info(self, name):
         _, t = self._inf(name)
-        return {"name": name, "dtype": ST_DTYPES[t.st_dtype], "shape": [t.shape[d] for d in range(t.ndim)],
-                "numel": t.numel, "nbytes": t.nbytes, "data_offsets": [t.data_begin, t.data_end],
-                "file_offset": t.file_offset}
+        d = {"name": name, "dtype": ST_DTYPES[t.st_dtype], "shape": [t.shape[d] for d in range(t.ndim)],
+             "numel": t.numel, "nbytes": t.nbytes, "data_offsets": [t.data_begin, t.data_end],
+             "file_offset": t.file_offset}
+        if self.format in ("pytorch-zip", "pickle"):
+            d["strides"] = [t.strides[k] for k in range(t.ndim)] if t.strides else None
+            d["storage"] = t.storage
+            d["storage_offset"] = t.storage_offset
+        return d
+
+    def storage_bytes(self, index):
+        """Storage `index` (.pt files; for safetensors each tensor is its own) as a read-only
+        uint8 array, without copying."""
+        si = self._storages[index]
+        buf = (ctypes.c_uint8 * si.nbytes).from_address(si.data or 1)
+        buf._owner = _ViewGuard(self)
+        a = np.frombuffer(buf, dtype=np.uint8)
+        a.flags.writeable = False
+        return a
+
+    def _strided(self, name, base=None):
+        """(numpy dtype, view) of a tensor over its storage's bytes (or over `base`, a copy of
+        them), with its strides."""
+        _, t = self._inf(name)
+        dt = np.dtype(NUMPY[ST_DTYPES[t.st_dtype]]).newbyteorder("<")
+        buf = self.storage_bytes(t.storage) if base is None else base
+        shape = [t.shape[d] for d in range(t.ndim)]
+        if t.numel == 0:
+            return np.zeros(shape, dt)
+        strides = [t.strides[d] * dt.itemsize for d in range(t.ndim)] if t.strides else None
+        flat = buf[t.data_begin:].view(np.uint8)
+        if strides is None:
+            return flat[:t.nbytes].view(dt).reshape(shape)
+        return np.lib.stride_tricks.as_strided(flat[:t.data_end - t.data_begin].view(dt), shape,
+                                               strides, writeable=False)
 
     def raw(self, name):
-        """The tensor's bytes as a read-only uint8 array, without copying."""
+        """The tensor's bytes as a read-only uint8 array, without copying (a contiguous copy
+        for strided views of .pt storages)."""
         _, t = self._inf(name)
+        if t.strides:
+            out = _Tensor()
+            i, _ = self._inf(name)
+            if t.has_dtype:
+                check(lib.ct_tensor_file_read(self._h, i, t.dtype, ctypes.byref(out)))
+                try:
+                    return np.frombuffer(ctypes.string_at(out.data, t.nbytes), np.uint8).copy()
+                finally:
+                    lib.ct_tensor_free(ctypes.byref(out))
+            return np.ascontiguousarray(self._strided(name)).view(np.uint8).ravel()
         buf = (ctypes.c_uint8 * t.nbytes).from_address(t.data or 1)
         buf._owner = _ViewGuard(self)  # the mapping lives while the array does
         a = np.frombuffer(buf, dtype=np.uint8)
@@ -214,6 +278,8 @@ class SafetensorsFile:
         if inf["dtype"] not in NUMPY:
             raise TypeError(f"ctorch.io: tensor {name!r} is {inf['dtype']}, which numpy has no dtype "
                             "for: use raw() for its bytes or to() to convert it")
+        if inf.get("strides"):
+            return self._strided(name)
         return self.raw(name).view(np.dtype(NUMPY[inf["dtype"]]).newbyteorder("<")).reshape(inf["shape"])
 
     def to(self, name, dtype):
@@ -248,14 +314,31 @@ class _ViewGuard:
             self.f._release()
 
 
+TensorFile = SafetensorsFile
+
+
 def load(path):
-    """Every tensor of a safetensors file as numpy arrays (copies; dtypes numpy lacks come as
-    uint8 bytes), plus the metadata: returns (tensors, metadata)."""
+    """Every tensor of a safetensors file or PyTorch checkpoint as numpy arrays (copies; dtypes
+    numpy lacks, such as BF16, come as the uint8 bytes of the tensor in row-major order), plus
+    the metadata: returns (tensors, metadata). For .pt files nested containers flatten to dotted
+    names, metadata holds the non-tensor values as JSON text, and tensors that view one storage
+    are views of one copy of it (with their strides), as in torch."""
     with SafetensorsFile(path) as f:
         out = {}
+        copies = {}
+        pt = f.format in ("pytorch-zip", "pickle")
         for k in f.keys():
             dt = f.info(k)["dtype"]
-            out[k] = (f.numpy(k) if dt in NUMPY else f.raw(k)).copy()
+            if pt and dt in NUMPY:
+                st = f._infos[f._index[k]].storage
+                if st not in copies:
+                    copies[st] = f.storage_bytes(st).copy()
+                a = f._strided(k, copies[st])
+                if not a.flags.writeable and a.size:
+                    a = np.lib.stride_tricks.as_strided(a, a.shape, a.strides, writeable=True)
+                out[k] = a
+            else:
+                out[k] = (f.numpy(k) if dt in NUMPY else f.raw(k)).copy()
         return out, dict(f.metadata)
 
 
@@ -272,6 +355,51 @@ def _as_array(v):
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))
     return None, a, None
+
+
+def _entries(tensors, keep):
+    entries = (_SaveEntry * max(1, len(tensors)))()
+    for i, (name, v) in enumerate(tensors.items()):
+        forced, a, _ = _as_array(v)
+        e = entries[i]
+        e.name = name.encode()
+        keep.append(e.name)
+        ct = forced if forced is not None else _NP_CT.get(a.dtype)
+        if ct is not None and a.ndim <= MAX_DIMS:
+            isz = a.itemsize
+            if any(s < 0 or s % isz for s in a.strides):
+                a = np.ascontiguousarray(a)
+            t = _Tensor()
+            t.data = a.ctypes.data if a.size else None
+            t.dtype, t.ndim = ct, a.ndim
+            for d in range(a.ndim):
+                t.shape[d] = a.shape[d]
+                t.strides[d] = a.strides[d] // isz
+            keep += [a, t]
+            e.tensor = ctypes.pointer(t)
+        else:
+            st = _NP_RAW.get(a.dtype) or {np.dtype(k): n for n, k in NUMPY.items()}.get(a.dtype)
+            if st is None:
+                raise TypeError(f"ctorch.io.save: tensor {name!r} has dtype {a.dtype}, which "
+                                "safetensors cannot hold")
+            a = np.ascontiguousarray(a)
+            shape = (ctypes.c_int64 * max(1, a.ndim))(*a.shape)
+            keep += [a, shape]
+            e.st_dtype, e.ndim = ST_DTYPES.index(st), a.ndim
+            e.shape = ctypes.cast(shape, _i64p)
+            e.data = a.ctypes.data if a.size else None
+    return entries
+
+
+def save_pt(path, tensors, sync=True):
+    """Write tensors (a dict name -> numpy array or torch tensor) to a torch.save zip checkpoint
+    with ct_save_pt_entries (atomic): an OrderedDict that torch.load(weights_only=True) reads."""
+    keep = []
+    entries = _entries(tensors, keep)
+    o = lib.ct_save_options_default()
+    o.sync = bool(sync)
+    check(lib.ct_save_pt_entries(_path(path), entries, len(tensors), ctypes.byref(o)))
+    del keep
 
 
 def save(path, tensors, metadata=None, sync=True, anonymous_temp=True):

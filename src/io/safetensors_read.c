@@ -16,31 +16,6 @@
 /* Deeper JSON is refused before Jansson sees it (a valid header needs 3 levels). */
 #define ST_MAX_DEPTH 64
 
-typedef struct st_entry {
-    const char *name;
-    const int64_t *shape;
-    uint64_t numel, nbytes, begin, end;
-    size_t order; /* position in the header */
-    int ndim;
-    ct_st_dtype dt;
-} st_entry;
-
-struct ct_tensor_file {
-    ct_file_format format;
-    const uint8_t *base; /* the whole file image */
-    size_t size;
-    void *map; /* non-NULL when we mapped it */
-    uint64_t header_len;
-    size_t count;
-    st_entry *entries; /* file order */
-    size_t *by_name;   /* indices into entries sorted by name */
-    size_t meta_count;
-    const char **meta; /* key, value, key, value, ... in header order */
-    char *strings;     /* every name, key and value */
-    int64_t *dims;     /* every shape */
-    uint64_t total_elements;
-};
-
 /* ---- errors --------------------------------------------------------------------------- */
 
 typedef struct st_ctx {
@@ -297,13 +272,24 @@ static int cmp_names(const void *a, const void *b)
     return strcmp(sort_entries[*(const size_t *)a].name, sort_entries[*(const size_t *)b].name);
 }
 
-static void st_free(ct_tensor_file *f)
+void ct_io_file_free(ct_tensor_file *f)
 {
     ct_free(f->entries);
     ct_free(f->by_name);
     ct_free((void *)f->meta);
     ct_free(f->strings);
     ct_free(f->dims);
+    ct_free(f->storages);
+    ct_free(f->owned);
+}
+
+void ct_io_sort_names(ct_tensor_file *f)
+{
+    for (size_t i = 0; i < f->count; i++)
+        f->by_name[i] = i;
+    sort_entries = f->entries;
+    qsort(f->by_name, f->count, sizeof(size_t), cmp_names);
+    sort_entries = NULL;
 }
 
 /* Validate the image base[0..size) and fill f's tables. */
@@ -456,14 +442,18 @@ static ct_status st_parse(st_ctx *c, const uint8_t *base, size_t size, ct_tensor
                     (unsigned long long)(data_len - cursor));
         goto done;
     }
-    for (size_t i = 0; i < count; i++)
-        f->by_name[i] = i;
-    sort_entries = f->entries;
-    qsort(f->by_name, count, sizeof(size_t), cmp_names);
-    sort_entries = NULL;
+    for (size_t i = 0; i < count; i++) {
+        st_entry *e = &f->entries[i];
+        e->file_offset = 8 + n + e->begin;
+        e->data = base + e->file_offset;
+        e->storage = i;
+    }
+    ct_io_sort_names(f);
     f->base = base;
     f->size = size;
     f->header_len = n;
+    f->data_offset = 8 + n;
+    f->data_bytes = data_len;
     f->format = CT_FORMAT_SAFETENSORS;
 
 done:
@@ -483,7 +473,7 @@ ct_status ct_safetensors_validate(const void *data, size_t size, ct_st_rule *rul
     ct_tensor_file f;
     memset(&f, 0, sizeof f);
     ct_status s = st_parse(&c, data ? data : (const uint8_t *)"", size, &f);
-    st_free(&f);
+    ct_io_file_free(&f);
     if (rule) *rule = c.rule;
     return s;
 }
@@ -499,8 +489,8 @@ static ct_status refuse_format(const char *fn, const char *label, ct_file_format
 {
     if (fmt != CT_FORMAT_UNKNOWN)
         return ct_error(CT_EUNSUPPORTED,
-                        "%s: %s is a %s, which ctorch does not support yet (it reads safetensors: "
-                        "convert the file, e.g. with safetensors' save_file)",
+                        "%s: %s is a %s, which ctorch does not support yet (it reads safetensors "
+                        "and PyTorch checkpoints)",
                         fn, label, ct_file_format_name(fmt));
     if (size == 0)
         return ct_error(CT_EFORMAT, "%s: %s is empty (0 bytes), not a tensor file", fn, label);
@@ -511,7 +501,7 @@ static ct_status refuse_format(const char *fn, const char *label, ct_file_format
     hex[k ? 3 * k - 1 : 0] = '\0';
     return ct_error(CT_EFORMAT,
                     "%s: %s is in an unknown format (first %zu bytes: %s); ctorch reads "
-                    "safetensors and recognises PyTorch, GGUF and NumPy files",
+                    "safetensors and PyTorch checkpoints and recognises GGUF and NumPy files",
                     fn, label, k, hex);
 }
 
@@ -521,14 +511,15 @@ static ct_status open_image(const char *fn, const char *label, const uint8_t *ba
     ct_load_options o = opts ? *opts : ct_load_options_default();
     ct_file_format fmt = o.format;
     if (fmt == CT_FORMAT_UNKNOWN) fmt = ct_detect_format(base, size < 64 ? size : 64);
-    if (fmt != CT_FORMAT_SAFETENSORS)
+    if (fmt != CT_FORMAT_SAFETENSORS && fmt != CT_FORMAT_PYTORCH_ZIP && fmt != CT_FORMAT_PICKLE)
         return refuse_format(fn, label, fmt, base, size < 64 ? size : 64, size);
     ct_tensor_file *f;
     CT_TRY(ct_calloc((void **)&f, sizeof *f));
     st_ctx c = {label, CT_ST_RULE_NONE};
-    ct_status s = st_parse(&c, base, size, f);
+    ct_status s = fmt == CT_FORMAT_SAFETENSORS ? st_parse(&c, base, size, f)
+                                               : ct_io_pt_parse(label, fmt, base, size, f);
     if (s != CT_OK) {
-        st_free(f);
+        ct_io_file_free(f);
         ct_free(f);
         return s;
     }
@@ -585,7 +576,8 @@ ct_status ct_load(const char *path, const ct_load_options *opts, ct_tensor_file 
             got += (size_t)r;
         }
         o.format = ct_detect_format(head, got);
-        if (o.format != CT_FORMAT_SAFETENSORS) {
+        if (o.format != CT_FORMAT_SAFETENSORS && o.format != CT_FORMAT_PYTORCH_ZIP &&
+            o.format != CT_FORMAT_PICKLE) {
             close(fd);
             return refuse_format("ct_load", label, o.format, head, got, size);
         }
@@ -610,7 +602,7 @@ void ct_tensor_file_close(ct_tensor_file *f)
 {
     if (!f) return;
     if (f->map) munmap(f->map, f->size);
-    st_free(f);
+    ct_io_file_free(f);
     ct_free(f);
 }
 
@@ -623,11 +615,46 @@ ct_status ct_tensor_file_summarize(const ct_tensor_file *f, ct_tensor_file_summa
     out->format = f->format;
     out->file_bytes = f->size;
     out->header_bytes = f->header_len;
-    out->data_offset = 8 + f->header_len;
-    out->data_bytes = f->size - 8 - f->header_len;
+    out->data_offset = f->data_offset;
+    out->data_bytes = f->data_bytes;
     out->total_elements = f->total_elements;
     out->tensors = f->count;
     out->metadata = f->meta_count;
+    out->storages = f->storages ? f->storage_count : f->count;
+    return CT_OK;
+}
+
+size_t ct_tensor_file_storage_count(const ct_tensor_file *f)
+{
+    return !f ? 0 : f->storages ? f->storage_count : f->count;
+}
+
+ct_status ct_tensor_file_storage(const ct_tensor_file *f, size_t index, ct_storage_info *out)
+{
+    if (!f || !out)
+        return ct_error(CT_EINVAL, "ct_tensor_file_storage: f and out must not be NULL");
+    size_t n = ct_tensor_file_storage_count(f);
+    if (index >= n)
+        return ct_error(CT_EINVAL,
+                        "ct_tensor_file_storage: index %zu is out of range (the file has %zu "
+                        "storages)",
+                        index, n);
+    memset(out, 0, sizeof *out);
+    if (f->storages) {
+        const pt_storage *st = &f->storages[index];
+        out->key = st->key;
+        out->st_dtype = st->dt;
+        out->nbytes = st->nbytes;
+        out->file_offset = st->file_offset;
+        out->data = st->data;
+    } else {
+        const st_entry *e = &f->entries[index];
+        out->key = e->name;
+        out->st_dtype = e->dt;
+        out->nbytes = e->nbytes;
+        out->file_offset = e->file_offset;
+        out->data = e->data;
+    }
     return CT_OK;
 }
 
@@ -662,8 +689,11 @@ ct_status ct_tensor_file_info(const ct_tensor_file *f, size_t index, ct_tensor_i
     out->nbytes = e->nbytes;
     out->data_begin = e->begin;
     out->data_end = e->end;
-    out->file_offset = 8 + f->header_len + e->begin;
-    out->data = f->base + out->file_offset;
+    out->file_offset = e->file_offset;
+    out->data = e->data;
+    out->strides = e->strides;
+    out->storage = e->storage;
+    out->storage_offset = e->storage_offset;
     return CT_OK;
 }
 
@@ -732,8 +762,7 @@ ct_status ct_tensor_file_view(const ct_tensor_file *f, size_t index, ct_tensor *
     CT_TRY(get_entry("ct_tensor_file_view", f, index, &e));
     CT_TRY(viewable("ct_tensor_file_view", e, &dt));
     CT_TRY(strides_fit("ct_tensor_file_view", e, ct_dtype_size(dt)));
-    void *p = (void *)(f->base + 8 + f->header_len + e->begin);
-    return ct_tensor_wrap(out, p, dt, e->ndim, e->shape, NULL);
+    return ct_tensor_wrap(out, (void *)e->data, dt, e->ndim, e->shape, e->strides);
 }
 
 /* ---- conversion ----------------------------------------------------------------------- */
@@ -789,7 +818,15 @@ static void conv_body(void *ctx, int64_t b0, int64_t b1, int tid)
 static void convert_into(const ct_tensor_file *f, const st_entry *e, ct_dtype sdt, void *dst,
                          ct_dtype dt)
 {
-    conv_job j = {f->base + 8 + f->header_len + e->begin,
+    (void)f;
+    if (e->strides) { /* a strided view into a .pt storage: element by element */
+        ct_tensor ts, td;
+        if (ct_tensor_wrap(&ts, (void *)e->data, sdt, e->ndim, e->shape, e->strides) == CT_OK &&
+            ct_tensor_wrap(&td, dst, dt, e->ndim, e->shape, NULL) == CT_OK)
+            ct_tensor_copy(&td, &ts);
+        return;
+    }
+    conv_job j = {e->data,
                   dst,
                   sdt,
                   dt,

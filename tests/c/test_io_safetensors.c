@@ -551,6 +551,13 @@ static void test_formats(void)
         CHECK(ct_detect_format(f[i].bytes, f[i].n) == f[i].fmt);
         write_file(path, f[i].bytes, f[i].n);
         ct_tensor_file *tf = NULL;
+        if (f[i].fmt == CT_FORMAT_PYTORCH_ZIP || f[i].fmt == CT_FORMAT_PICKLE) {
+            /* Read natively now (tests/c/test_io_pt.c): these stubs are broken files. */
+            CHECK_STATUS(ct_load(path, NULL, &tf), CT_EFORMAT);
+            CHECK(strstr(ct_last_error(), "pt [") != NULL);
+            CHECK_STATUS(ct_load_memory(f[i].bytes, f[i].n, NULL, &tf), CT_EFORMAT);
+            continue;
+        }
         CHECK_STATUS(ct_load(path, NULL, &tf), CT_EUNSUPPORTED);
         CHECK(strstr(ct_last_error(), f[i].name_part) && strstr(ct_last_error(), "not support"));
         CHECK_STATUS(ct_load_memory(f[i].bytes, f[i].n, NULL, &tf), CT_EUNSUPPORTED);

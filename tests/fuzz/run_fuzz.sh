@@ -3,7 +3,8 @@
 # for a bounded time over the seed corpus. Exit status non-zero on any finding; the crashing
 # input is left in the build folder (crash-*, leak-*, timeout-*): add it to
 # tests/fuzz/corpus/safetensors/ as regress-<what>.safetensors, and it becomes a C test
-# (tests/c/test_io_corpus.c runs every corpus file through the same checks).
+# (tests/c/test_io_corpus.c runs every corpus file through the same checks). The .pt
+# targets (fuzz_zip, fuzz_pickle) start from seeds written by tests/fuzz/make_pt_corpus.py.
 #
 # Usage: bash tests/fuzz/run_fuzz.sh [SECONDS_PER_TARGET (default 30)] [TARGET...]
 # Env:   FUZZ_BUILD_DIR (default build-fuzz), FUZZ_JOBS (parallel fuzzing processes, default 1)
@@ -51,6 +52,11 @@ for t in "${TARGETS[@]}"; do
     mkdir -p "$seeds"
     /usr/bin/python3 tests/fuzz/make_comm_corpus.py "$seeds"
   fi
+  case $t in  # the .pt targets: PyTorch-written and hostile seeds written by a script
+    fuzz_zip|fuzz_pickle)
+      /usr/bin/python3 tests/fuzz/make_pt_corpus.py "$BUILD/fuzz-seeds/pt" >/dev/null
+      seeds="$BUILD/fuzz-seeds/pt/${t#fuzz_}" ;;
+  esac
   echo "== $t: ${SECONDS_PER_TARGET} s"
   if ! "$BUILD/$t" "$work" "$seeds" -max_total_time="$SECONDS_PER_TARGET" -max_len=65536 \
        -timeout=10 -rss_limit_mb=2048 -jobs="$JOBS" -workers="$JOBS" -print_final_stats=1 \

@@ -260,8 +260,12 @@ def test_other_formats_are_named(tmp_path):
     np.savez(tmp_path / "a.npz", w=np.ones(3))
     (tmp_path / "x.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(24))
     (tmp_path / "x.txt").write_bytes(b"hello world, not tensors")
-    for name, fmt, words in [("zip.pt", "pytorch-zip", "PyTorch zip"), ("legacy.pt", "pickle", "pickle"),
-                             ("a.npy", "numpy", "NumPy .npy"), ("a.npz", "npz", "NumPy .npz"),
+    for name, fmt in [("zip.pt", "pytorch-zip"), ("legacy.pt", "pickle")]:
+        # PyTorch checkpoints are read natively (tests/python/test_pt.py)
+        assert io.detect_format(tmp_path / name) == fmt
+        with io.SafetensorsFile(tmp_path / name) as f:
+            assert f.format == fmt and f.keys() == ["w"]
+    for name, fmt, words in [("a.npy", "numpy", "NumPy .npy"), ("a.npz", "npz", "NumPy .npz"),
                              ("x.gguf", "gguf", "GGUF")]:
         assert io.detect_format(tmp_path / name) == fmt
         with pytest.raises(CtorchError) as e:
