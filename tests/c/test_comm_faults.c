@@ -12,6 +12,7 @@
 #include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #define TIMEOUT_S 1.5
 
@@ -209,6 +210,16 @@ static void *abort_soon(void *arg)
     return NULL;
 }
 
+/* A file rank 1 creates once it has seen rank 0's abort (named after this job's store port). */
+static const char *abort_seen_path(void)
+{
+    static char path[256];
+    const char *tmp = getenv("TMPDIR"), *port = getenv("MASTER_PORT");
+    snprintf(path, sizeof path, "%s/ctorch_test_abort_%s_seen", tmp && *tmp ? tmp : "/tmp",
+             port ? port : "0");
+    return path;
+}
+
 static int worker_abort(void)
 {
     ct_comm *c = init();
@@ -223,10 +234,14 @@ static int worker_abort(void)
         ct_status st = ct_work_wait(w, -1);
         double dt = ct_now() - t0;
         WCHECK(st == CT_ECANCELLED && ct_work_get_state(w) == CT_WORK_CANCELLED);
-        WCHECK(dt > 0.15 && dt < 1.0);
+        WCHECK(dt > 0.15 && dt < 9.0); /* the abort, not the 10 s timeout, ended it */
         pthread_join(th, NULL);
         ct_work_free(w);
-        ct_sleep(0.3); /* stay alive: rank 1 must learn of the abort, not of an exit */
+        /* Stay alive until rank 1 has seen the abort (it must learn of the abort, not of an
+         * exit): it says so with a file, so no sleep decides the outcome on a loaded machine. */
+        for (double t1 = ct_now(); access(abort_seen_path(), F_OK) != 0 && ct_now() - t1 < 60;)
+            ct_sleep(0.01);
+        unlink(abort_seen_path());
     } else {
         ct_sleep(0.4);
         /* Rank 0's part of the first one may already be here; the second needs rank 0. */
@@ -234,7 +249,9 @@ static int worker_abort(void)
         ct_status st = ct_comm_all_reduce(c, x, y, 256, CT_DTYPE_F32, CT_REDUCE_SUM, 10, NULL);
         if (st == CT_OK)
             st = ct_comm_all_reduce(c, x, y, 256, CT_DTYPE_F32, CT_REDUCE_SUM, 10, NULL);
-        WCHECK(st == CT_EPEER && strstr(ct_last_error(), "rank 0 aborted") && ct_now() - t0 < 1.0);
+        WCHECK(st == CT_EPEER && strstr(ct_last_error(), "rank 0 aborted") && ct_now() - t0 < 9.0);
+        FILE *f = fopen(abort_seen_path(), "w");
+        if (f) fclose(f);
     }
     ct_comm_free(c);
     return t_failures ? 1 : 0;
