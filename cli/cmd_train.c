@@ -49,6 +49,9 @@ static void usage(FILE *f)
         "(%lld)\n"
         "  --context T (%lld)  --window W (0: full causal)  --rope-base B (%g)  --untied\n"
         "  --init-std X (1 / sqrt(d_model))\n"
+        "  --score-mod EXPR     compiled score_mod, e.g. 'score + 0.05 * (kv - q)' (docs/compile.md)\n"
+        "  --mask-mod EXPR      compiled mask_mod ANDed with causal (and the document mask), e.g.\n"
+        "                       'q - kv <= 64 || kv < 4'; exclusive with --window\n"
         "\ntraining:\n"
         "  --steps N (%lld)  --batch B (%lld)  --seq T (context)  --accum K (%lld)  --seed S "
         "(%llu)\n"
@@ -200,6 +203,15 @@ static int parse(run *r, int argc, char **argv)
             c->context = x;
         else if (int_opt(argc, argv, &i, "--window", 0, 1 << 20, &x, &bad))
             c->window = x;
+        else if (cli_opt(argc, argv, &i, "--score-mod", &v) || cli_opt(argc, argv, &i, "--mask-mod", &v)) {
+            char *dst = !strcmp(a, "--score-mod") ? c->score_mod : c->mask_mod;
+            if (strlen(v) >= CT_GPT_MOD_MAX || !v[0]) {
+                fprintf(stderr, "ctorch train: %s needs an expression of 1 .. %d bytes\n", a,
+                        CT_GPT_MOD_MAX - 1);
+                return 2;
+            }
+            memcpy(dst, v, strlen(v) + 1);
+        }
         else if (float_opt(argc, argv, &i, "--rope-base", 1e-3, 1e12, &d, &bad))
             c->rope_base = (float)d;
         else if (!strcmp(a, "--untied"))
@@ -297,6 +309,11 @@ static int parse(run *r, int argc, char **argv)
         fprintf(stderr,
                 "ctorch train: --elastic needs the tcp backend (MPI cannot shrink a "
                 "communicator here)\n");
+        return 2;
+    }
+    if (c->mask_mod[0] && c->window) {
+        fprintf(stderr, "ctorch train: --mask-mod is exclusive with --window (write the window "
+                        "into the mask: q - kv <= W)\n");
         return 2;
     }
     if (r->resuming && r->settings_flag) {

@@ -55,6 +55,9 @@ extern "C" {
 
 /* ---- configuration ------------------------------------------------------------------------ */
 
+/** Bytes of ct_gpt_config.score_mod / mask_mod, the terminating NUL included. */
+#define CT_GPT_MOD_MAX 256
+
 /** Shape of a model. */
 typedef struct ct_gpt_config {
     int64_t vocab_size; /**< V >= 2; default 32768 */
@@ -86,6 +89,11 @@ typedef struct ct_gpt_config {
                                                             default 1, 4 */
     int64_t rope_original_context; /**< llama3 only: original_max_position_embeddings (>= 1);
                                         default 8192 */
+    /** A compiled score_mod / mask_mod in the expression language of jit.h (docs/compile.md),
+     *  "" (default): none. The mask is ANDed with causal (and the document mask); it is
+     *  exclusive with window; flex attention only (not dense_attention). */
+    char score_mod[CT_GPT_MOD_MAX];
+    char mask_mod[CT_GPT_MOD_MAX];
 } ct_gpt_config;
 
 /** RoPE frequency scaling, as Hugging Face's rope_scaling "rope_type" (ct_gpt_config). */

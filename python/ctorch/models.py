@@ -38,7 +38,8 @@ class _Config(ctypes.Structure):
                 ("o_bias", ctypes.c_bool), ("rope_scaling", ctypes.c_int32),
                 ("rope_factor", ctypes.c_float), ("rope_low_freq_factor", ctypes.c_float),
                 ("rope_high_freq_factor", ctypes.c_float),
-                ("rope_original_context", ctypes.c_int64)]
+                ("rope_original_context", ctypes.c_int64),
+                ("score_mod", ctypes.c_char * 256), ("mask_mod", ctypes.c_char * 256)]
 
 
 class _Options(ctypes.Structure):

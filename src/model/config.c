@@ -10,7 +10,8 @@
 ct_gpt_config ct_gpt_config_default(void)
 {
     ct_gpt_config c = {32768, 128, 4, 128, 4, 2, 384, 10000.0f, 0, true, 1e-5f, 0.0f,
-                       0,     false, false, CT_ROPE_SCALING_NONE, 1.0f, 1.0f, 4.0f, 8192};
+                       0,     false, false, CT_ROPE_SCALING_NONE, 1.0f, 1.0f, 4.0f, 8192,
+                       "",    ""};
     return c;
 }
 
@@ -115,6 +116,13 @@ ct_status ct_gpt_config_check(const ct_gpt_config *c)
     if (c->rope_original_context < 1 || c->rope_original_context > (1 << 30))
         return ct_error(CT_EINVAL, "%s: rope_original_context must be in [1, 2^30], got %lld", fn,
                         (long long)c->rope_original_context);
+    if (!memchr(c->score_mod, '\0', sizeof c->score_mod) ||
+        !memchr(c->mask_mod, '\0', sizeof c->mask_mod))
+        return ct_error(CT_EINVAL, "%s: score_mod and mask_mod must be strings of < %d bytes", fn,
+                        CT_GPT_MOD_MAX);
+    if (c->mask_mod[0] && c->window)
+        return ct_error(CT_EINVAL, "%s: mask_mod is exclusive with window (write the window into "
+                        "the mask: q - kv <= W)", fn);
     return CT_OK;
 }
 
@@ -139,6 +147,10 @@ ct_status ct_gpt_config_to_json(const ct_gpt_config *c, char **json)
         json_object_set_new(j, "head_dim", json_integer((json_int_t)c->head_dim));
     if (j && c->qkv_bias) json_object_set_new(j, "qkv_bias", json_true());
     if (j && c->o_bias) json_object_set_new(j, "o_bias", json_true());
+    if (j && c->score_mod[0] && memchr(c->score_mod, '\0', sizeof c->score_mod))
+        json_object_set_new(j, "score_mod", json_string(c->score_mod));
+    if (j && c->mask_mod[0] && memchr(c->mask_mod, '\0', sizeof c->mask_mod))
+        json_object_set_new(j, "mask_mod", json_string(c->mask_mod));
     if (j && c->rope_scaling != d.rope_scaling) {
         json_object_set_new(j, "rope_scaling", json_string(SCALING[c->rope_scaling]));
         json_object_set_new(j, "rope_factor", json_real((double)c->rope_factor));
@@ -218,6 +230,16 @@ ct_status ct_gpt_config_from_json(const char *text, ct_gpt_config *c)
                 else
                     *bv[i] = json_is_true(val);
             }
+        if (!known && (!strcmp(key, "score_mod") || !strcmp(key, "mask_mod"))) {
+            known = true;
+            char *dst = key[0] == 's' ? c->score_mod : c->mask_mod;
+            if (!json_is_string(val) || json_string_length(val) >= CT_GPT_MOD_MAX ||
+                strlen(json_string_value(val)) != json_string_length(val))
+                s = ct_error(CT_EFORMAT, "gpt config: \"%s\" must be a string of < %d bytes", key,
+                             CT_GPT_MOD_MAX);
+            else
+                memcpy(dst, json_string_value(val), json_string_length(val) + 1);
+        }
         if (!known && !strcmp(key, "rope_scaling")) {
             known = true;
             int found = -1;
@@ -236,7 +258,7 @@ ct_status ct_gpt_config_from_json(const char *text, ct_gpt_config *c)
                 "gpt config: unknown key \"%s\" (keys: vocab_size, context, n_layer, "
                 "d_model, n_head, n_kv_head, d_ff, rope_base, window, tied, norm_eps, init_std, "
                 "head_dim, qkv_bias, o_bias, rope_scaling, rope_factor, rope_low_freq_factor, "
-                "rope_high_freq_factor, rope_original_context)",
+                "rope_high_freq_factor, rope_original_context, score_mod, mask_mod)",
                 key);
         if (s) break;
     }

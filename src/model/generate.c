@@ -90,7 +90,8 @@ ct_status ct_gpt_generate(ct_gpt *m, const int32_t *prompt, int64_t batch, int64
     bool *done = NULL;
     if (!s) s = ct_alloc((void **)&next, (size_t)batch * sizeof(int32_t));
     if (!s) s = ct_calloc((void **)&done, (size_t)batch * sizeof(bool));
-    if (!s && !o.no_cache) {
+    if (!s && !o.no_cache && !m->cfg.score_mod[0] && !m->cfg.mask_mod[0]) {
+        /* (a model with compiled mods recomputes: the cache runs only the built-in masks) */
         int64_t cap = g.total < g.seq ? g.total : g.seq;
         s = ct_gpt_cache_create(m, batch, cap, &g.cache);
         if (!s) s = ct_alloc((void **)&g.win, (size_t)(batch * cap) * sizeof(int32_t));

@@ -1,6 +1,7 @@
 /* The GPT model of include/ctorch/model.h: size tables, initialisation, and the forward and
  * backward as layer pairs on the library's kernels (llm.c style: raw arrays, shapes stated). */
 #include "model/gpt_internal.h"
+#include "ctorch/jit.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -278,8 +279,21 @@ ct_status gpt_create(const ct_gpt_config *cfg, const ct_gpt_options *opt, bool o
         ct_gpt_free(m);
         return s;
     }
-    s = cfg->window ? ct_mask_mod_sliding_window(cfg->window, true, &m->base_mask)
-                    : ct_mask_mod_causal(&m->base_mask);
+    if ((cfg->score_mod[0] || cfg->mask_mod[0]) && o.dense_attention) {
+        ct_gpt_free(m);
+        return ct_error(CT_EINVAL, "ct_gpt_create: score_mod / mask_mod need flex attention (not "
+                                   "dense_attention)");
+    }
+    if (cfg->mask_mod[0]) { /* the user's mask, ANDed with causal (docs/compile.md) */
+        s = ct_mask_mod_causal(&m->causal_mask);
+        if (!s) s = ct_mask_mod_compile(cfg->mask_mod, NULL, 0, NULL, &m->user_mask);
+        ct_mask_mod two[2] = {m->causal_mask, m->user_mask};
+        if (!s) s = ct_mask_mod_and(two, 2, &m->base_mask);
+    } else {
+        s = cfg->window ? ct_mask_mod_sliding_window(cfg->window, true, &m->base_mask)
+                        : ct_mask_mod_causal(&m->base_mask);
+    }
+    if (!s && cfg->score_mod[0]) s = ct_score_mod_compile(cfg->score_mod, NULL, 0, NULL, &m->user_score);
     if (s) {
         ct_gpt_free(m);
         return s;
@@ -302,6 +316,9 @@ void ct_gpt_free(ct_gpt *m)
     if (!m) return;
     free_masks(m);
     ct_mask_mod_free(&m->base_mask);
+    ct_mask_mod_free(&m->user_mask);
+    ct_mask_mod_free(&m->causal_mask);
+    ct_score_mod_free(&m->user_score);
     ct_free(m->acts);
     ct_free(m->params);
     ct_free(m->grads);
@@ -526,7 +543,9 @@ static ct_status attention_forward(ct_gpt *m, int l, int64_t B, int64_t T)
         }
         return ct_sdpa_forward(&q, &k, &v, &so, &o, &lse);
     }
-    return ct_flex_attention_forward(&q, &k, &v, m->bm, NULL, &o, &lse);
+    ct_flex_options fo = ct_flex_options_default();
+    fo.score_mod = m->user_score.fwd ? &m->user_score : NULL;
+    return ct_flex_attention_forward(&q, &k, &v, m->bm, &fo, &o, &lse);
 }
 
 static ct_status attention_backward(ct_gpt *m, int l, int64_t B, int64_t T)
@@ -557,7 +576,9 @@ static ct_status attention_backward(ct_gpt *m, int l, int64_t B, int64_t T)
         }
         return ct_sdpa_backward(&q, &k, &v, &o, &lse, &dout, &so, &dq, &dk, &dv);
     }
-    return ct_flex_attention_backward(&q, &k, &v, &o, &lse, &dout, m->bm, NULL, &dq, &dk, &dv);
+    ct_flex_options fo = ct_flex_options_default();
+    fo.score_mod = m->user_score.fwd ? &m->user_score : NULL;
+    return ct_flex_attention_backward(&q, &k, &v, &o, &lse, &dout, m->bm, &fo, &dq, &dk, &dv);
 }
 
 /* ---- forward ------------------------------------------------------------------------------- */

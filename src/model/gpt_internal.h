@@ -61,6 +61,8 @@ struct ct_gpt {
     size_t acts_bytes;
     gpt_acts a;
     ct_mask_mod base_mask, doc_mask, and_mask;
+    ct_mask_mod causal_mask, user_mask; /* with cfg.mask_mod: base_mask = causal AND user */
+    ct_score_mod user_score;            /* cfg.score_mod compiled (fwd NULL: none) */
     ct_block_mask *bm;
     int64_t bm_T; /* T of the cached causal block mask (0: none cached) */
     float *inv_freq; /* [E / 2] RoPE inverse frequencies (ct_gpt_rope_inv_freq) */

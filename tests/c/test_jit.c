@@ -525,6 +525,33 @@ static void check_source(void)
     ct_free(src);
 }
 
+/* The GPT config carries the expressions (so checkpoints keep them) and refuses mask + window. */
+static void check_gpt_config(void)
+{
+    ct_gpt_config c = ct_gpt_config_default(), d = ct_gpt_config_default();
+    snprintf(c.score_mod, sizeof c.score_mod, "score + 0.5 * (kv - q)");
+    snprintf(c.mask_mod, sizeof c.mask_mod, "q - kv <= 9 || kv < 2");
+    char *js = NULL;
+    CHECK_OK(ct_gpt_config_to_json(&c, &js));
+    CHECK(js && strstr(js, "\"mask_mod\":\"q - kv <= 9 || kv < 2\""));
+    if (js) CHECK_OK(ct_gpt_config_from_json(js, &d));
+    CHECK(!strcmp(d.score_mod, c.score_mod) && !strcmp(d.mask_mod, c.mask_mod));
+    ct_free(js);
+    c.window = 4;
+    CHECK_STATUS(ct_gpt_config_check(&c), CT_EINVAL);
+    CHECK(strstr(ct_last_error(), "exclusive with window") != NULL);
+    char big[600];
+    memset(big, 'q', sizeof big);
+    snprintf(big, sizeof big, "{\"score_mod\": \"%0400d\"}", 1);
+    CHECK_STATUS(ct_gpt_config_from_json(big, &d), CT_EFORMAT);
+    /* a model with a bad expression is refused at creation, naming the position */
+    c = ct_gpt_config_default();
+    snprintf(c.mask_mod, sizeof c.mask_mod, "q >= kv )");
+    ct_gpt *m = NULL;
+    CHECK_STATUS(ct_gpt_create(&c, NULL, &m), CT_EINVAL);
+    CHECK(m == NULL && strstr(ct_last_error(), "position 8"));
+}
+
 int main(void)
 {
     snprintf(g_dir, sizeof g_dir, "/tmp/ctorch-test-jit-XXXXXX");
@@ -570,6 +597,7 @@ int main(void)
     check_ranges();
     check_vs_builtin();
     check_source();
+    check_gpt_config();
     check_cache();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "chmod -R u+w %s; rm -rf %s", g_dir, g_dir);
