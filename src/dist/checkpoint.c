@@ -139,15 +139,9 @@ static const char *mget(const msrc *m, const char *key)
     return json_string_value(json_object_get(m->obj, key));
 }
 
-static ct_status meta_int(const msrc *m, const char *key, int64_t *out)
+static const char *msrc_get(const void *m, const char *key)
 {
-    const char *v = mget(m, key);
-    char *end;
-    long long x = v ? strtoll(v, &end, 10) : 0;
-    if (!v || !*v || *end || x < 0)
-        return ct_error(CT_EFORMAT, "checkpoint: metadata \"%s\" must be an integer >= 0", key);
-    *out = x;
-    return CT_OK;
+    return mget(m, key);
 }
 
 /* Check the configuration and read step, epoch, data position and random state. */
@@ -158,7 +152,7 @@ static ct_status meta_read(const ct_fsdp_trainer *t, const msrc *m, int64_t *ste
     if (!js) return ct_error(CT_EFORMAT, "checkpoint: metadata \"config\" is missing");
     ct_gpt_config c = ct_gpt_config_default();
     if (ct_gpt_config_from_json(js, &c))
-        return ct_error(CT_EFORMAT, "checkpoint: bad \"config\": %s", ct_last_error());
+        return ct_error_wrap(CT_EFORMAT, "checkpoint: bad \"config\"");
     char *mine = NULL, *theirs = NULL;
     ct_status s = ct_gpt_config_to_json(&t->cfg, &mine);
     if (!s) s = ct_gpt_config_to_json(&c, &theirs);
@@ -168,19 +162,7 @@ static ct_status meta_read(const ct_fsdp_trainer *t, const msrc *m, int64_t *ste
     ct_free(mine);
     ct_free(theirs);
     CT_TRY(s);
-    CT_TRY(meta_int(m, "step", step));
-    CT_TRY(meta_int(m, "epoch", epoch));
-    CT_TRY(meta_int(m, "data_pos", pos));
-    const char *r = mget(m, "rng");
-    if (!r || strlen(r) != 64)
-        return ct_error(CT_EFORMAT, "checkpoint: metadata \"rng\" must be 64 hex digits");
-    for (int i = 0; i < 4; i++) {
-        char w[17], *end;
-        memcpy(w, r + 16 * i, 16);
-        w[16] = '\0';
-        rng->s[i] = strtoull(w, &end, 16);
-        if (*end) return ct_error(CT_EFORMAT, "checkpoint: metadata \"rng\" must be 64 hex digits");
-    }
+    CT_TRY(gpt_read_trainer_state(msrc_get, m, step, epoch, pos, rng)); /* shared with train.c */
     if (*pos > t->n_train)
         return ct_error(CT_EFORMAT,
                         "checkpoint: data position %lld is past the end of the training data "

@@ -109,6 +109,14 @@ void gpt_next_batch(const int32_t *train, int64_t n_train, int64_t B, int64_t T,
 /* ct_trainer_create's checks of the options (seq 0 becomes the context) and of the tokens,
  * with fn naming the caller in the messages. */
 ct_status gpt_check_train_options(const ct_gpt_config *c, ct_train_options *o, const char *fn);
+
+/* A checkpoint's metadata by key (NULL when absent), from a tensor file or an index. */
+typedef const char *(*gpt_meta_get)(const void *src, const char *key);
+/* The trainer state of a checkpoint, the one parser for every trainer (single-process and
+ * sharded): "step", "epoch", "data_pos" integers in [0, 2^63) (a larger one is refused, never
+ * clamped) and "rng" 64 hex digits, not all zero. CT_EFORMAT names the field. */
+ct_status gpt_read_trainer_state(gpt_meta_get get, const void *src, int64_t *step,
+                                 int64_t *epoch, int64_t *pos, ct_rng *rng);
 ct_status gpt_check_tokens(const int32_t *x, int64_t n, int64_t V, const char *what,
                            const char *fn);
 

@@ -502,9 +502,10 @@ static ct_status check_tensor(const ct_tensor_file *f, const char *name, const g
     return CT_OK;
 }
 
-static ct_status meta_int(const ct_tensor_file *f, const char *key, int64_t lo, int64_t *out)
+static ct_status meta_int(gpt_meta_get get, const void *src, const char *key, int64_t lo,
+                          int64_t *out)
 {
-    const char *v = ct_tensor_file_metadata_get(f, key);
+    const char *v = get(src, key);
     char *end;
     errno = 0;
     long long x = v ? strtoll(v, &end, 10) : 0;
@@ -517,14 +518,13 @@ static ct_status meta_int(const ct_tensor_file *f, const char *key, int64_t lo, 
     return CT_OK;
 }
 
-/* The trainer state of a checkpoint's metadata: step, epoch, data position, random state. */
-static ct_status read_state(const ct_tensor_file *f, int64_t *step, int64_t *epoch, int64_t *pos,
-                            ct_rng *rng)
+ct_status gpt_read_trainer_state(gpt_meta_get get, const void *src, int64_t *step,
+                                 int64_t *epoch, int64_t *pos, ct_rng *rng)
 {
-    CT_TRY(meta_int(f, "step", 0, step));
-    CT_TRY(meta_int(f, "epoch", 0, epoch));
-    CT_TRY(meta_int(f, "data_pos", 0, pos));
-    const char *r = ct_tensor_file_metadata_get(f, "rng");
+    CT_TRY(meta_int(get, src, "step", 0, step));
+    CT_TRY(meta_int(get, src, "epoch", 0, epoch));
+    CT_TRY(meta_int(get, src, "data_pos", 0, pos));
+    const char *r = get(src, "rng");
     if (!r || strlen(r) != 64)
         return ct_error(CT_EFORMAT, "checkpoint: metadata \"rng\" must be 64 hex digits");
     for (int i = 0; i < 4; i++) {
@@ -542,6 +542,18 @@ static ct_status read_state(const ct_tensor_file *f, int64_t *step, int64_t *epo
                         "checkpoint: metadata \"rng\" is all zero, which is not a state of the "
                         "generator (it would only ever return 0)");
     return CT_OK;
+}
+
+static const char *file_meta(const void *f, const char *key)
+{
+    return ct_tensor_file_metadata_get(f, key);
+}
+
+/* The trainer state of a checkpoint's metadata: step, epoch, data position, random state. */
+static ct_status read_state(const ct_tensor_file *f, int64_t *step, int64_t *epoch, int64_t *pos,
+                            ct_rng *rng)
+{
+    return gpt_read_trainer_state(file_meta, f, step, epoch, pos, rng);
 }
 
 ct_status ct_gpt_checkpoint_check(const ct_tensor_file *f, bool trainer_state,

@@ -215,3 +215,21 @@ def test_bench_flex_unknown_case_is_an_error():
         assert rc == 2, (cases, err)
         assert f"unknown case '{bad}'" in err or (bad == "''" and "unknown case ''" in err), err
         assert out == "", out
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("step", "9223372036854775808", '"step" must be an integer in [0, 2^63)'),
+    ("rng", "0" * 64, '"rng" is all zero'),
+])
+def test_sharded_resume_refuses_bad_trainer_state(tmp_path, key, value, needle):
+    """The sharded checkpoint (DIR/latest -> checkpoint-<step>/index.json) goes through the
+    same trainer-state parser as the single file."""
+    out = tmp_path / "run"
+    ctorch_ok("train", *TINY, "--steps", 4, "--stop-at", 2, "--quiet", "--fsdp", "--out", out)
+    index = out / "latest" / "index.json"
+    j = json.loads(index.read_text())
+    j["metadata"][key] = value
+    index.write_text(json.dumps(j))
+    rc, _, err, _ = run("train", "--resume", out, "--out", out, "--fsdp", "--quiet")
+    assert rc == 1, err
+    assert needle in err, err
