@@ -467,7 +467,7 @@ static ct_status pop_mark(pk_machine *m, pk_obj ***items, size_t *n)
 {
     if (!m->nmarks) return pfail(m, CT_EFORMAT, "stack", "needs a MARK but none is open");
     size_t at = m->marks[--m->nmarks];
-    *items = m->stack + at;
+    *items = m->stack ? m->stack + at : NULL; /* nothing was ever pushed: no items */
     *n = m->sp - at;
     m->sp = at;
     return CT_OK;

@@ -344,22 +344,21 @@ ct_status ct_zip_open(const char *label, const uint8_t *b, size_t size, ct_zip *
         if (lflags & 0x08) { /* a data descriptor follows: crc, sizes (4 or 8 bytes each) */
             uint64_t q0 = end;
             if (cd_off - q0 >= 4 && rd32(b + q0) == SIG_DESCRIPTOR) q0 += 4;
-            bool wide = usize >= 0xFFFFFFFFu || rd32(c + 20) == 0xFFFFFFFFu;
-            uint64_t dl = wide ? 20 : 12;
-            if (cd_off - q0 < dl) {
-                s = zfail(CT_EFORMAT, label, "descriptor",
-                          "member '%s': its data descriptor runs past the start of the central "
-                          "directory",
-                          qn);
-                goto fail;
+            /* 4-byte sizes, or 8-byte ones (zip64 writers): whichever agrees. */
+            bool ok = false;
+            uint64_t dl = 12, dc = 0, du = 0;
+            for (int wide = 0; wide < 2 && !ok; wide++) {
+                dl = wide ? 20 : 12;
+                if (cd_off - q0 < dl) break;
+                dc = wide ? rd64(b + q0 + 4) : rd32(b + q0 + 4);
+                du = wide ? rd64(b + q0 + 12) : rd32(b + q0 + 8);
+                ok = rd32(b + q0) == crc && dc == csize && du == usize;
             }
-            uint64_t dc = wide ? rd64(b + q0 + 4) : rd32(b + q0 + 4),
-                     du = wide ? rd64(b + q0 + 12) : rd32(b + q0 + 8);
-            if (rd32(b + q0) != crc || dc != csize || du != usize) {
+            if (!ok) {
                 s = zfail(CT_EFORMAT, label, "descriptor",
-                          "member '%s': its data descriptor (CRC %08x, %llu bytes) differs from "
+                          "member '%s': its data descriptor is missing, truncated or differs from "
                           "the central directory (CRC %08x, %llu bytes)",
-                          qn, rd32(b + q0), (unsigned long long)dc, crc, (unsigned long long)csize);
+                          qn, crc, (unsigned long long)csize);
                 goto fail;
             }
             end = q0 + dl;

@@ -6,6 +6,7 @@
  * (the fixed magic, protocol and sys_info pickles prepended) through the .pt loader, whose
  * result must pass fuzz_pt_check. */
 #include "fuzz_pt_common.h"
+#include "core/internal.h"
 #include "io/io_internal.h"
 
 static pk_machine *fuzz_machine; /* the machine the callback makes objects in */

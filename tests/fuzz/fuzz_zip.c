@@ -4,6 +4,7 @@
  * the zip reader accepts lies inside the image and no two overlap; a loaded checkpoint
  * passes fuzz_pt_check (views inside their storages, conversions, .pt round trip). */
 #include "fuzz_pt_common.h"
+#include "core/internal.h"
 #include "io/io_internal.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
