@@ -8,7 +8,8 @@
  * bytes / time; busbw = algbw * 2(P-1)/P for all_reduce and * (P-1)/P for the others. Time
  * per op is the median over repeats of (a timed loop of k ops) / k, measured on rank 0
  * after a barrier. The ranks are child processes of this command (tcp: started here with a
- * store; MPI: under mpiexec). */
+ * store; MPI: under mpiexec). --contended starts one busy process per core (nice 0, like the
+ * compute of a training job) for the duration of the measurement. */
 #include "bench_util.h"
 
 #include <errno.h>
@@ -17,7 +18,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifdef CT_HAVE_MPI
@@ -81,13 +84,24 @@ static int cmp_d(const void *x, const void *y)
     return (a > b) - (a < b);
 }
 
-static json_t *row_json(const double *t, int repeats, size_t bytes, int op, int P, int k)
+/* CPU time of this process (all its threads), seconds. */
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* cpu: the CPU seconds rank 0's process used per op (sorted too): 1.0 x time = a whole core
+ * busy while waiting. */
+static json_t *row_json(const double *t, const double *cpu, int repeats, size_t bytes, int op,
+                        int P, int k)
 {
     double med = t[repeats / 2], alg = (double)bytes / med * 1e-9;
     double bus = alg * (op == 0 ? 2.0 * (P - 1) / P : (double)(P - 1) / P);
-    return json_pack("{s:I, s:f, s:f, s:f, s:f, s:i}", "bytes", (json_int_t)bytes, "time_us",
-                     med * 1e6, "time_min_us", t[0] * 1e6, "algbw_gbps", alg, "busbw_gbps", bus,
-                     "iters", k);
+    return json_pack("{s:I, s:f, s:f, s:f, s:f, s:f, s:i}", "bytes", (json_int_t)bytes, "time_us",
+                     med * 1e6, "time_min_us", t[0] * 1e6, "cpu_us", cpu[repeats / 2] * 1e6,
+                     "algbw_gbps", alg, "busbw_gbps", bus, "iters", k);
 }
 
 /* Rank 0 prints {"ctorch": {"<op>": [rows]}, "mpi": {...}}. With `raw`, each repeat times
@@ -111,21 +125,24 @@ static int run_worker(worker *w, const size_t *sizes, int nsizes)
             size_t bytes = sizes[si] / unit * unit;
             if (bytes == 0) bytes = unit;
             int k = iters_for(bytes);
-            double t[2][64];
+            double t[2][64], cpu[2][64];
             for (int raw = 0; raw <= w->raw && !st; raw++)
                 for (int wu = 0; wu < 3 && !st; wu++)
                     st = one_op(w, raw, op, bytes);
             for (int r = 0; r < w->repeats && !st; r++)
                 for (int raw = 0; raw <= w->raw && !st; raw++) {
                     st = barrier(w, raw);
-                    double t0 = bench_now();
+                    double t0 = bench_now(), c0 = cpu_now();
                     for (int i = 0; i < k && !st; i++)
                         st = one_op(w, raw, op, bytes);
                     t[raw][r] = (bench_now() - t0) / k;
+                    cpu[raw][r] = (cpu_now() - c0) / k;
                 }
             for (int raw = 0; raw <= w->raw && !st; raw++) {
                 qsort(t[raw], (size_t)w->repeats, sizeof(double), cmp_d);
-                json_array_append_new(rows[raw], row_json(t[raw], w->repeats, bytes, op, P, k));
+                qsort(cpu[raw], (size_t)w->repeats, sizeof(double), cmp_d);
+                json_array_append_new(rows[raw],
+                                      row_json(t[raw], cpu[raw], w->repeats, bytes, op, P, k));
             }
         }
         for (int raw = 0; raw <= w->raw; raw++)
@@ -241,6 +258,33 @@ static json_t *spawn_ranks(char *const *argv, int nranks, int port, char **why)
     return j;
 }
 
+/* One busy process per online core, until stop_hogs; returns how many started. */
+static int start_hogs(pid_t *pids, int cap)
+{
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int n = ncpu < 1 ? 1 : ncpu > cap ? cap : (int)ncpu;
+    for (int i = 0; i < n; i++) {
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            volatile uint64_t x = 0;
+            for (;;)
+                x = x * 6364136223846793005ull + 1442695040888963407ull;
+        }
+        pids[i] = pid;
+    }
+    return n;
+}
+
+static void stop_hogs(pid_t *pids, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (pids[i] > 0) kill(pids[i], SIGKILL);
+    for (int i = 0; i < n; i++)
+        if (pids[i] > 0) waitpid(pids[i], NULL, 0);
+}
+
 static double memcpy_gbps(void)
 {
     size_t n = 64u << 20;
@@ -291,12 +335,12 @@ static const char *mpiexec_path(void)
 int bench_comm(bench_ctx *b, int argc, char **argv)
 {
     const char *backend = "tcp", *worker_kind = NULL, *sizes_opt = NULL;
-    int full = 0;
+    int full = 0, contended = 0;
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (!strcmp(argv[i], "--help")) {
             puts("usage: ctorch bench comm [--backend tcp|mpi] [--full] [--sizes 8,1K,64M,...] "
-                 "[--json] [--repeats R]\n"
+                 "[--contended] [--json] [--repeats R]\n"
                  "Bus bandwidth and latency of all_reduce, all_gather_single and "
                  "reduce_scatter_single (f32) at 2\n"
                  "ranks on this host: ctorch's backend beside MPICH's MPI_Allreduce / "
@@ -305,7 +349,10 @@ int bench_comm(bench_ctx *b, int argc, char **argv)
                  "and beside\n"
                  "memcpy. Default sizes 8 B, 1 KiB, 64 KiB, 1 MiB, 16 MiB, 64 MiB (under a "
                  "minute);\n"
-                 "--full sweeps 8 B to 256 MiB by 4x.");
+                 "--full sweeps 8 B to 256 MiB by 4x. --contended starts one busy process per "
+                 "core for the\n"
+                 "duration of the measurement (ranks share their cores with compute, as in "
+                 "training).");
             return 0;
         }
         if (cli_opt(argc, argv, &i, "--backend", &v))
@@ -316,6 +363,8 @@ int bench_comm(bench_ctx *b, int argc, char **argv)
             sizes_opt = v;
         else if (!strcmp(argv[i], "--full"))
             full = 1;
+        else if (!strcmp(argv[i], "--contended"))
+            contended = 1;
         else {
             fprintf(stderr, "ctorch bench comm: unknown option '%s'\n", argv[i]);
             return 2;
@@ -389,9 +438,18 @@ int bench_comm(bench_ctx *b, int argc, char **argv)
     const char *why_base = !ct_comm_backend_available(CT_COMM_MPI) ? "not built with MPI"
                            : !mpiexec                              ? "mpiexec not found"
                                                                    : "failed";
+    /* A job secret for the ranks (they inherit it), as ctorch launch makes one. */
+    char secret[80];
+    if (!getenv("CT_JOB_SECRET")) {
+        ct_status gs = ct_comm_secret_generate(secret, sizeof secret);
+        if (gs) return cli_fail("bench comm: job secret", gs);
+        setenv("CT_JOB_SECRET", secret, 1);
+    }
     ct_store_server *srv = NULL;
     ct_status sst = ct_store_server_start("127.0.0.1", 0, &srv);
     if (sst) return cli_fail("bench comm: store", sst);
+    pid_t hogs[512];
+    int nhogs = contended ? start_hogs(hogs, 512) : 0;
     char port[16];
     snprintf(port, sizeof port, "%d", ct_store_server_port(srv));
     json_t *res = NULL;
@@ -409,6 +467,7 @@ int bench_comm(bench_ctx *b, int argc, char **argv)
                         "--sizes", sz,      "--repeats", rp,         NULL};
         res = spawn_ranks(args, 2, ct_store_server_port(srv), &why);
     }
+    stop_hogs(hogs, nhogs);
     ct_store_server_free(srv);
     json_t *ours = json_object_get(res, "ctorch"), *base = json_object_get(res, "mpi");
     if (!ours) {
@@ -416,9 +475,10 @@ int bench_comm(bench_ctx *b, int argc, char **argv)
         json_decref(res);
         return 1;
     }
-    json_t *j = json_pack("{s:s, s:s, s:i, s:s, s:i, s:f, s:o}", "bench", "comm", "backend",
-                          backend, "ranks", 2, "dtype", "f32", "repeats", b->repeats, "memcpy_gbps",
-                          mcpy, "machine", bench_machine_json(0));
+    json_t *j = json_pack("{s:s, s:s, s:i, s:s, s:i, s:f, s:b, s:i, s:o}", "bench", "comm",
+                          "backend", backend, "ranks", 2, "dtype", "f32", "repeats", b->repeats,
+                          "memcpy_gbps", mcpy, "contended", contended, "busy_processes", nhogs,
+                          "machine", bench_machine_json(0));
     json_object_set_new(j, "mpi_baseline",
                         base ? json_string("MPICH (same processes, interleaved)")
                              : json_string(why_base));
@@ -447,8 +507,11 @@ int bench_comm(bench_ctx *b, int argc, char **argv)
         json_object_set_new(ops, op_names[op], rows);
     }
     json_object_set_new(j, "ops", ops);
-    double r64 = 0, lat8 = 0, lat8min = 0;
+    double r64 = 0, lat8 = 0, lat8min = 0, ag1 = 0;
     if (base) {
+        double ga = busbw_at(ours, "all_gather_single", 1u << 20, "busbw_gbps"),
+               gm = busbw_at(base, "all_gather_single", 1u << 20, "busbw_gbps");
+        if (ga > 0 && gm > 0) ag1 = ga / gm;
         double a = busbw_at(ours, "all_reduce", 64u << 20, "busbw_gbps"),
                m = busbw_at(base, "all_reduce", 64u << 20, "busbw_gbps");
         double ta = busbw_at(ours, "all_reduce", 8, "time_us"),
@@ -459,15 +522,17 @@ int bench_comm(bench_ctx *b, int argc, char **argv)
         if (ta > 0 && tm > 0) lat8 = ta / tm;
         if (ua > 0 && um > 0) lat8min = ua / um;
         json_object_set_new(j, "summary",
-                            json_pack("{s:f, s:f, s:f}", "all_reduce_64MiB_busbw_vs_mpi", r64,
+                            json_pack("{s:f, s:f, s:f, s:f}", "all_reduce_64MiB_busbw_vs_mpi", r64,
                                       "all_reduce_8B_latency_vs_mpi", lat8,
-                                      "all_reduce_8B_min_latency_vs_mpi", lat8min));
+                                      "all_reduce_8B_min_latency_vs_mpi", lat8min,
+                                      "all_gather_1MiB_busbw_vs_mpi", ag1));
     }
     if (b->json) {
         bench_print_json(j);
     } else {
-        printf("comm: 2 ranks on this host, f32, median of %d; memcpy %.2f GB/s; baseline %s\n",
-               b->repeats, mcpy, base ? "MPICH, same processes, interleaved" : why_base);
+        printf("comm: 2 ranks on this host, f32, median of %d; memcpy %.2f GB/s; baseline %s%s\n",
+               b->repeats, mcpy, base ? "MPICH, same processes, interleaved" : why_base,
+               contended ? "; contended (one busy process per core)" : "");
         for (int op = 0; op < NOPS; op++) {
             printf("\n%-22s %-26s %-26s\n", op_names[op],
                    backend[0] == 't' ? "ctorch tcp" : "ctorch mpi", base ? mpi_names[op] : "");
@@ -492,8 +557,8 @@ int bench_comm(bench_ctx *b, int argc, char **argv)
         }
         if (base)
             printf("\nall_reduce 64 MiB bus bandwidth: %.2fx MPICH's; 8 B latency: %.2fx MPICH's "
-                   "(median), %.2fx (best repeat)\n",
-                   r64, lat8, lat8min);
+                   "(median), %.2fx (best repeat); all_gather 1 MiB bus bandwidth: %.2fx\n",
+                   r64, lat8, lat8min, ag1);
     }
     json_decref(j);
     json_decref(res);

@@ -284,6 +284,7 @@ struct ct_comm {
     size_t shm_slot;
     void *scratch; /* small_bytes * size bytes for one-round algorithms */
     size_t scratch_len;
+    double spin_s, yield_s; /* waiting: spin, then sched_yield, then sleep (see cm_eng_run) */
     void *reqs; /* cm_req[reqs_cap] for collectives */
     int reqs_cap;
 

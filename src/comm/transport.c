@@ -418,6 +418,15 @@ static ct_status accept_ranks(ct_comm *c, int lfd, double deadline)
 ct_status cm_tcp_setup(ct_comm *c, double deadline)
 {
     int P = c->size, r = c->rank;
+    /* Waiting for a peer: spin 20 us (a peer that is running answers within that), then sleep
+     * on the futex at once. No sched_yield phase: on a core shared with compute, yielding
+     * hands the core to the compute thread for a whole time slice (milliseconds), while a
+     * sleeper woken by its peer's FUTEX_WAKE preempts it at once (see docs/comm.md,
+     * "Latency under contention"). */
+    c->spin_s = cm_env_double("CT_COMM_SPIN_US", 20.0) * 1e-6;
+    c->yield_s = cm_env_double("CT_COMM_YIELD_US", 0.0) * 1e-6;
+    if (!(c->spin_s >= 0 && c->spin_s <= 1.0)) c->spin_s = 20e-6;
+    if (!(c->yield_s >= 0 && c->yield_s <= 1.0)) c->yield_s = 0;
     CT_TRY(ct_calloc((void **)&c->links, sizeof(cm_link) * (size_t)P));
     for (int p = 0; p < P; p++) {
         c->links[p].fd = -1;
@@ -955,8 +964,6 @@ static void timed_out(cm_eng *e)
     }
 }
 
-#define SPIN_S 2e-6 /* then yield: on a shared machine the peer may need our core */
-#define YIELD_S 1e-3
 #define CHECK_S 3e-3
 #define SLEEP_S 5e-3
 
@@ -1005,11 +1012,11 @@ ct_status cm_eng_run(cm_eng *e)
             if (check_faults(e)) return e->st;
         }
         double idle = now - idle_since;
-        if (idle < SPIN_S) {
+        if (idle < c->spin_s) {
             cpu_relax();
             continue;
         }
-        if (idle < YIELD_S) {
+        if (idle < c->yield_s) {
             sched_yield();
             continue;
         }
