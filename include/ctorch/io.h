@@ -339,13 +339,13 @@ CT_API ct_status ct_save_safetensors_entries(const char *path, const ct_save_ent
 /** Write `count` tensors to a torch.save zip checkpoint at `path` (atomically, as
  *  ct_save_safetensors): an OrderedDict name -> tensor that torch.load reads, with
  *  weights_only=True too (PyTorch 1.13 and later). Each tensor gets its own storage,
- *  written contiguous (strided tensors through a bounded staging buffer), 64-byte aligned
- *  in the file; zip64 records are written when the archive needs them. Entries may be
- *  ct_tensors of any ctorch dtype but the f8 ones, or raw bytes of the safetensors dtypes
- *  torch has (BOOL, U8, I8, I16, I32, I64, F16, BF16, F32, F64, C64). Names must be
- *  unique, valid UTF-8. Errors: CT_EINVAL (naming the entry), CT_EUNSUPPORTED (a dtype
- *  PyTorch has no storage for), CT_EOVERFLOW, CT_ENOMEM, CT_EIO; the target is untouched on
- *  error. opts may be NULL (defaults). */
+ *  written contiguous (a strided tensor is copied contiguous first, one at a time),
+ *  64-byte aligned in the file; zip64 records are written when the archive needs them.
+ *  Entries may be ct_tensors of any ctorch dtype but the f8 ones, or raw bytes of the
+ *  safetensors dtypes torch has (BOOL, U8, I8, I16, I32, I64, F16, BF16, F32, F64, C64).
+ *  Names must be unique, valid UTF-8. Errors: CT_EINVAL (naming the entry),
+ *  CT_EUNSUPPORTED (a dtype PyTorch has no storage for), CT_EOVERFLOW, CT_ENOMEM, CT_EIO;
+ *  the target is untouched on error. opts may be NULL (defaults). */
 CT_API ct_status ct_save_pt_entries(const char *path, const ct_save_entry *entries, size_t count,
                                     const ct_save_options *opts);
 
