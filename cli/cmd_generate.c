@@ -108,34 +108,6 @@ static void utf8_append(char *dst, size_t *len, const unsigned char *s, size_t n
     }
 }
 
-/* Parse "1 2 3" / "1,2,3" into ids (at most cap); false with a message on a bad one. */
-static bool parse_ids(const char *s, int64_t V, int32_t *ids, int64_t cap, int64_t *n)
-{
-    *n = 0;
-    const char *p = s;
-    for (;;) {
-        while (*p == ' ' || *p == ',' || *p == '\t' || *p == '\n') p++;
-        if (!*p) break;
-        char *end;
-        errno = 0;
-        long long v = strtoll(p, &end, 10);
-        if (end == p || errno || v < 0 || v >= V ||
-            (*end && *end != ' ' && *end != ',' && *end != '\t' && *end != '\n')) {
-            fprintf(stderr,
-                    "ctorch generate: --prompt-ids: '%.*s' is not a token id in [0, %lld)\n",
-                    (int)strcspn(p, " ,\t\n"), p, (long long)V);
-            return false;
-        }
-        if (*n >= cap) {
-            fprintf(stderr, "ctorch generate: --prompt-ids: more than %lld ids\n", (long long)cap);
-            return false;
-        }
-        ids[(*n)++] = (int32_t)v;
-        p = end;
-    }
-    return true;
-}
-
 int cmd_generate(int argc, char **argv)
 {
     const char *ckpt = NULL, *prompt = NULL, *prompt_ids = NULL;
@@ -227,15 +199,15 @@ int cmd_generate(int argc, char **argv)
         rc = cli_fail("generate", CT_ENOMEM);
         goto done;
     }
-    if (prompt_ids) {
-        if (!parse_ids(prompt_ids, cfg.vocab_size, ids, cap, &n)) {
+    if (prompt_ids || tok) {
+        int32_t *p = NULL;
+        int64_t np = 0;
+        if (prompt_ids && (s = ct_token_ids_parse(prompt_ids, plen, cfg.vocab_size, &p, &np))) {
+            fprintf(stderr, "ctorch generate: --prompt-ids: %s\n", ct_last_error());
             rc = 2;
             goto done;
         }
-    } else if (tok) {
-        int32_t *p;
-        int64_t np;
-        if ((s = ct_tokenizer_encode(tok, prompt, plen, &p, &np))) {
+        if (!prompt_ids && (s = ct_tokenizer_encode(tok, prompt, plen, &p, &np))) {
             rc = cli_fail("generate: --prompt", s);
             goto done;
         }

@@ -295,6 +295,13 @@ CT_API ct_status ct_sample_token(const float *logits, int64_t V, const ct_sample
  *  get the EOS token); step counts from 0. */
 typedef void (*ct_generate_fn)(void *ctx, int64_t step, const int32_t *tokens, int64_t batch);
 
+/** Parse len bytes of token ids written in decimal, separated by spaces, tabs, newlines or
+ *  commas ("1 2 3", "1,2,3"), into a new array *ids (ct_alloc'ed: release with ct_free) of *n
+ *  ids, each in [0, vocab). NUL bytes are refused. CT_EINVAL names the offending text and its
+ *  byte offset; no id: *n 0 and *ids NULL. At most len / 2 + 1 ids are allocated. */
+CT_API ct_status ct_token_ids_parse(const char *text, size_t len, int64_t vocab, int32_t **ids,
+                                    int64_t *n);
+
 /** Options of ct_gpt_generate. */
 typedef struct ct_generate_options {
     int64_t max_new_tokens;   /**< >= 0; default 64 */

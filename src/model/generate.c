@@ -12,6 +12,69 @@ ct_generate_options ct_generate_options_default(void)
     return o;
 }
 
+static bool id_sep(char c)
+{
+    return c == ' ' || c == ',' || c == '\t' || c == '\n' || c == '\r';
+}
+
+ct_status ct_token_ids_parse(const char *text, size_t len, int64_t vocab, int32_t **ids,
+                             int64_t *n)
+{
+    const char *fn = "ct_token_ids_parse";
+    if (!ids || !n) return ct_error(CT_EINVAL, "%s: ids and n must not be NULL", fn);
+    *ids = NULL;
+    *n = 0;
+    if (!text && len) return ct_error(CT_EINVAL, "%s: text must not be NULL", fn);
+    if (vocab < 1 || vocab > (INT64_C(1) << 31))
+        return ct_error(CT_EINVAL, "%s: vocab must be in [1, 2^31], got %lld", fn,
+                        (long long)vocab);
+    size_t count = 0;
+    for (size_t i = 0; i < len;) { /* pass 1: check every id, count them */
+        if (id_sep(text[i])) {
+            i++;
+            continue;
+        }
+        size_t j = i;
+        int64_t v = 0;
+        bool ok = true;
+        while (j < len && !id_sep(text[j])) {
+            char c = text[j++];
+            if (c < '0' || c > '9') ok = false;
+            else if (ok && (v = v * 10 + (c - '0')) >= vocab) ok = false;
+        }
+        if (!ok) {
+            int shown = j - i > 40 ? 40 : (int)(j - i);
+            char word[48];
+            for (int k = 0; k < shown; k++) /* printable copy for the message */
+                word[k] = text[i + k] >= 32 && text[i + k] < 127 ? text[i + k] : '?';
+            word[shown] = 0;
+            return ct_error(CT_EINVAL,
+                            "%s: '%s%s' at byte %zu is not a token id in [0, %lld) (ids are "
+                            "decimal, separated by spaces or commas)",
+                            fn, word, j - i > 40 ? "..." : "", i, (long long)vocab);
+        }
+        count++;
+        i = j;
+    }
+    if (!count) return CT_OK;
+    int32_t *out;
+    CT_TRY(ct_alloc((void **)&out, count * sizeof(int32_t)));
+    size_t k = 0;
+    for (size_t i = 0; i < len;) {
+        if (id_sep(text[i])) {
+            i++;
+            continue;
+        }
+        int64_t v = 0;
+        while (i < len && !id_sep(text[i]))
+            v = v * 10 + (text[i++] - '0');
+        out[k++] = (int32_t)v;
+    }
+    *ids = out;
+    *n = (int64_t)count;
+    return CT_OK;
+}
+
 static double now_s(void)
 {
     struct timespec ts;

@@ -452,8 +452,37 @@ static void test_cache_memory_and_errors(void)
     ct_gpt_free(m);
 }
 
+static void test_token_ids_parse(void)
+{
+    int32_t *ids = NULL;
+    int64_t n = -1;
+    const char *t = " 12,\t7\n 49999 ,, 0 ";
+    CHECK_OK(ct_token_ids_parse(t, strlen(t), 50000, &ids, &n));
+    CHECK(n == 4 && ids && ids[0] == 12 && ids[1] == 7 && ids[2] == 49999 && ids[3] == 0);
+    ct_free(ids);
+    CHECK_OK(ct_token_ids_parse(" , ", 3, 10, &ids, &n));
+    CHECK(n == 0 && ids == NULL);
+    CHECK_OK(ct_token_ids_parse(NULL, 0, 10, &ids, &n));
+    CHECK(n == 0 && ids == NULL);
+    CHECK_OK(ct_token_ids_parse("2147483647", 10, INT64_C(1) << 31, &ids, &n));
+    CHECK(n == 1 && ids[0] == INT32_MAX);
+    ct_free(ids);
+    const char *bad[] = {"1 50000", "-3", "+3", "1 x 2", "0x10", "1.5", "99999999999999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK_STATUS(ct_token_ids_parse(bad[i], strlen(bad[i]), 50000, &ids, &n), CT_EINVAL);
+        CHECK(ids == NULL && n == 0);
+    }
+    CHECK_STATUS(ct_token_ids_parse("1 x 2", 5, 50000, &ids, &n), CT_EINVAL);
+    CHECK(strstr(ct_last_error(), "'x' at byte 2") != NULL);
+    CHECK_STATUS(ct_token_ids_parse("1\0002", 3, 50000, &ids, &n), CT_EINVAL); /* a NUL byte */
+    CHECK_STATUS(ct_token_ids_parse("1", 1, 0, &ids, &n), CT_EINVAL);
+    CHECK_STATUS(ct_token_ids_parse("1", 1, 10, NULL, &n), CT_EINVAL);
+    CHECK_STATUS(ct_token_ids_parse(NULL, 1, 10, &ids, &n), CT_EINVAL);
+}
+
 int main(void)
 {
+    test_token_ids_parse();
     model_case cases[] = {
         {20, 0, 2, -1, true, 0, false, 0},  /* causal, GQA */
         {20, 4, 2, -1, true, 0, false, 0},  /* sliding window */

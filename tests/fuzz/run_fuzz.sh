@@ -46,6 +46,7 @@ for t in "${TARGETS[@]}"; do
   fi
   case $t in  # the Hugging Face JSON targets: seeds written by a script
     fuzz_hf_*) seeds="$BUILD/fuzz-seeds/$t"; /usr/bin/python3 tests/fuzz/make_hf_corpus.py "$t" "$seeds" ;;
+    fuzz_token_ids) seeds="$BUILD/fuzz-seeds/$t"; /usr/bin/python3 tests/fuzz/make_corpus_ids.py "$seeds" ;;
   esac
   if [ "$t" = fuzz_store_frames ] || [ "$t" = fuzz_comm_handshake ]; then  # comm: script-made
     seeds="$BUILD/fuzz-seeds/comm"
