@@ -8,22 +8,25 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static void usage(FILE *f)
 {
     fprintf(
         f,
-        "usage: ctorch generate --model FILE [--prompt TEXT | --prompt-ids \"1 2 3\"]\n"
+        "usage: ctorch generate --model DIR|FILE [--prompt TEXT | --prompt-ids \"1 2 3\"]\n"
         "                       [--max-new-tokens N] [--greedy] [--temperature T] [--top-k K]\n"
         "                       [--top-p P] [--seed S] [--ignore-eos] [--json] [--no-cache]\n"
         "                       [--threads N]\n"
-        "Continue the prompt with up to N tokens (default 64) from a model trained by `ctorch "
-        "train`,\n"
-        "prefilling the prompt into a KV cache and decoding one token at a time.\n"
-        "A text model (--data) reads and writes text through the tokenizer stored in the "
-        "checkpoint;\n"
+        "Continue the prompt with up to N tokens (default 64), prefilling the prompt into a KV "
+        "cache\n"
+        "and decoding one token at a time, from a Hugging Face Llama-family directory (its\n"
+        "tokenizer.json when present, else --prompt-ids and ids out) or a checkpoint of `ctorch "
+        "train`:\n"
+        "a text model (--data) reads and writes text through the tokenizer stored in the "
+        "checkpoint,\n"
         "a built-in corpus model reads and writes its words (\"tobeka\", '.' ends a document).\n"
-        "  --model FILE        the checkpoint (alias: --checkpoint)\n"
+        "  --model DIR|FILE    the model (alias: --checkpoint)\n"
         "  --prompt TEXT       the prompt as text (default: empty, which starts a document)\n"
         "  --prompt-ids IDS    the prompt as token ids, separated by spaces or commas\n"
         "  --max-new-tokens N  tokens to generate at most (alias: --tokens; default 64)\n"
@@ -42,39 +45,45 @@ static void usage(FILE *f)
         "Exit status: 0 done, 1 a failure (the message says what), 2 a bad option.\n");
 }
 
-typedef struct gen_run {
+/* How tokens read and print: through a tokenizer, as corpus words, or as ids. */
+typedef struct gen_io {
     const ct_tokenizer *tok;
-    bool stream; /* print each token as it comes */
-} gen_run;
+    bool ids_only; /* a Hugging Face directory without tokenizer.json */
+    bool stream;   /* print each token as it comes */
+} gen_io;
 
-/* Bytes of one token: through the tokenizer, or the corpus word ('.' ends a line). */
-static void token_text(const ct_tokenizer *tok, int32_t id, char *buf, const char **b, size_t *n)
+/* Bytes of one token: through the tokenizer, the corpus word ('.' ends a line), or its id. */
+static void token_text(const gen_io *io, int32_t id, char *buf, const char **b, size_t *n)
 {
-    if (tok) {
-        if (ct_tokenizer_token_bytes(tok, id, b, n) != CT_OK) *n = 0;
+    if (io->tok) {
+        if (ct_tokenizer_token_bytes(io->tok, id, b, n) != CT_OK) *n = 0;
         return;
     }
-    char w[16];
-    ct_corpus_token_text(id, w);
-    snprintf(buf, 24, id == 0 ? "%s\n" : "%s ", w);
+    if (io->ids_only) {
+        snprintf(buf, 24, "%d ", id);
+    } else {
+        char w[16];
+        ct_corpus_token_text(id, w);
+        snprintf(buf, 24, id == 0 ? "%s\n" : "%s ", w);
+    }
     *b = buf;
     *n = strlen(buf);
 }
 
-static void print_token(const ct_tokenizer *tok, int32_t id)
+static void print_token(const gen_io *io, int32_t id)
 {
     char buf[24];
     const char *b;
     size_t n;
-    token_text(tok, id, buf, &b, &n);
+    token_text(io, id, buf, &b, &n);
     fwrite(b, 1, n, stdout);
     fflush(stdout);
 }
 
 static void on_step(void *ctx, int64_t step, const int32_t *tokens, int64_t batch)
 {
-    const gen_run *r = ctx;
-    if (r->stream) print_token(r->tok, tokens[0]);
+    const gen_io *io = ctx;
+    if (io->stream) print_token(io, tokens[0]);
 }
 
 /* Append bytes as valid UTF-8 (an invalid sequence becomes U+FFFD) for a JSON string. */
@@ -172,25 +181,61 @@ int cmd_generate(int argc, char **argv)
     }
     if (!prompt) prompt = "";
     if (threads) ct_set_num_threads((int)threads);
-    ct_tensor_file *f;
-    ct_status s = ct_load(ckpt, NULL, &f);
-    if (s) return cli_fail("generate: --model", s);
+    ct_tensor_file *f = NULL;
+    ct_hf_model *hf = NULL;
     ct_gpt_config cfg;
     ct_gpt *m = NULL;
     ct_tokenizer *tok = NULL;
-    int32_t *ids = NULL, *out = NULL;
+    int32_t *ids = NULL, *out = NULL, eos = -1;
     int64_t n = 0;
     int rc = 0;
-    /* config + every tensor's shape and dtype, checked before the model is allocated */
-    if ((s = ct_gpt_checkpoint_check(f, false, &cfg))) {
-        rc = cli_fail("generate", s);
-        goto done;
+    char *tpath = NULL;
+    struct stat sb;
+    ct_status s;
+    if (stat(ckpt, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        /* a Hugging Face directory: config.json and the weights, checked when opened */
+        if ((s = ct_hf_open(ckpt, &hf))) return cli_fail("generate: --model", s);
+        cfg = *ct_hf_get_config(hf);
+        eos = ct_hf_get_info(hf)->eos_token;
+        size_t tl = strlen(ckpt) + sizeof "/tokenizer.json";
+        tpath = malloc(tl);
+        if (!tpath) {
+            rc = cli_fail("generate", CT_ENOMEM);
+            goto done;
+        }
+        snprintf(tpath, tl, "%s/tokenizer.json", ckpt);
+        if (stat(tpath, &sb) == 0 && (s = ct_tokenizer_load(ckpt, &tok))) {
+            if (!prompt_ids && *prompt) {
+                rc = cli_fail("generate: the directory's tokenizer.json", s);
+                goto done;
+            }
+            /* ids in, ids out: the weights do not need the tokenizer */
+            fprintf(stderr, "ctorch generate: warning: %s: %s: %s; writing token ids\n", tpath,
+                    ct_status_name(s), ct_last_error());
+            tok = NULL;
+        }
+        if (!tok && !prompt_ids && *prompt) {
+            fprintf(stderr, "ctorch generate: %s has no tokenizer.json: give the prompt as "
+                            "--prompt-ids\n", ckpt);
+            rc = 2;
+            goto done;
+        }
+        if (eos < 0 && tok) eos = ct_tokenizer_eos(tok);
+    } else {
+        if ((s = ct_load(ckpt, NULL, &f))) return cli_fail("generate: --model", s);
+        /* config + every tensor's shape and dtype, checked before the model is allocated */
+        if ((s = ct_gpt_checkpoint_check(f, false, &cfg))) {
+            rc = cli_fail("generate", s);
+            goto done;
+        }
+        const char *tj = ct_tensor_file_metadata_get(f, "tokenizer");
+        if (tj && (s = ct_tokenizer_from_json(tj, strlen(tj), &tok))) {
+            rc = cli_fail("generate: the checkpoint's tokenizer", s);
+            goto done;
+        }
+        eos = tok ? ct_tokenizer_eos(tok) : 0; /* the corpus's '.' ends a document */
     }
-    const char *tj = ct_tensor_file_metadata_get(f, "tokenizer");
-    if (tj && (s = ct_tokenizer_from_json(tj, strlen(tj), &tok))) {
-        rc = cli_fail("generate: the checkpoint's tokenizer", s);
-        goto done;
-    }
+    gen_io io = {tok, hf && !tok, !json};
     /* the prompt as tokens: ids, through the tokenizer, or as corpus words */
     size_t plen = strlen(prompt_ids ? prompt_ids : prompt);
     int64_t cap = (int64_t)plen + 2;
@@ -231,7 +276,7 @@ int cmd_generate(int argc, char **argv)
                 rc = 1;
                 goto done;
             }
-    } else {
+    } else if (!hf) {
         char *copy = strdup(prompt), *save = NULL;
         for (char *w = strtok_r(copy, " \t\n", &save); w; w = strtok_r(NULL, " \t\n", &save)) {
             if ((s = ct_corpus_token_parse(w, &ids[n]))) {
@@ -252,9 +297,11 @@ int cmd_generate(int argc, char **argv)
         }
         free(copy);
     }
-    int32_t eos = tok ? ct_tokenizer_eos(tok) : 0; /* the corpus's '.' ends a document */
     if (eos >= cfg.vocab_size) eos = -1;
-    if (n == 0) {
+    int32_t bos = hf ? ct_hf_get_info(hf)->bos_token : -1;
+    if (n == 0 && bos >= 0 && bos < cfg.vocab_size) {
+        ids[n++] = bos; /* an empty prompt starts from the model's BOS */
+    } else if (n == 0) {
         if (eos < 0) {
             fprintf(stderr, "ctorch generate: the prompt is empty and the model has no EOS token "
                             "to start from\n");
@@ -264,7 +311,7 @@ int cmd_generate(int argc, char **argv)
         ids[n++] = eos; /* an empty prompt starts a document */
     } else if (!json) {
         for (int64_t i = 0; i < n; i++)
-            print_token(tok, ids[i]);
+            print_token(&io, ids[i]);
     }
     ct_gpt_options mo = ct_gpt_options_default();
     mo.batch = 1;
@@ -272,10 +319,12 @@ int cmd_generate(int argc, char **argv)
      * context; the cache is sized the same way */
     int64_t longest = n + ntok;
     mo.seq = longest < cfg.context ? longest : cfg.context;
-    const char *tr = ct_tensor_file_metadata_get(f, "train");
+    const char *tr = f ? ct_tensor_file_metadata_get(f, "train") : NULL;
     ct_train_options to = ct_train_options_default();
     if (tr && ct_train_options_from_json(tr, &to) == CT_OK) mo.eos_token = to.eos_token;
-    if ((s = ct_gpt_create(&cfg, &mo, &m)) || (s = ct_gpt_load_params(m, f))) {
+    /* a directory's f32 weights are read in place from the mapped files (no copy) */
+    if ((s = ct_gpt_create(&cfg, &mo, &m)) ||
+        (s = hf ? ct_hf_map_params(hf, m, NULL) : ct_gpt_load_params(m, f))) {
         rc = cli_fail("generate", s);
         goto done;
     }
@@ -284,7 +333,6 @@ int cmd_generate(int argc, char **argv)
         rc = cli_fail("generate", CT_ENOMEM);
         goto done;
     }
-    gen_run run = {tok, !json};
     ct_generate_options go = ct_generate_options_default();
     go.max_new_tokens = ntok;
     go.sample.temperature = (float)temp;
@@ -294,7 +342,7 @@ int cmd_generate(int argc, char **argv)
     go.eos_token = ignore_eos ? -1 : eos;
     go.no_cache = no_cache;
     go.on_step = on_step;
-    go.ctx = &run;
+    go.ctx = &io;
     int64_t nnew = 0;
     ct_generate_stats st;
     if ((s = ct_gpt_generate(m, ids, 1, n, &go, out, &nnew, &st))) {
@@ -314,7 +362,7 @@ int cmd_generate(int argc, char **argv)
             char buf[24];
             const char *b;
             size_t k;
-            token_text(tok, out[n + i], buf, &b, &k);
+            token_text(&io, out[n + i], buf, &b, &k);
             tbytes += k;
         }
         char *text = malloc(3 * tbytes + 1);
@@ -323,7 +371,7 @@ int cmd_generate(int argc, char **argv)
             char buf[24];
             const char *b;
             size_t k;
-            token_text(tok, out[n + i], buf, &b, &k);
+            token_text(&io, out[n + i], buf, &b, &k);
             utf8_append(text, &tl, (const unsigned char *)b, k);
         }
         json_t *j = json_pack("{s:o, s:o, s:s%, s:f, s:f}", "prompt_ids", pi, "new_ids", ni,
@@ -349,5 +397,7 @@ done:
     ct_gpt_free(m);
     ct_tokenizer_free(tok);
     ct_tensor_file_close(f);
+    ct_hf_close(hf); /* after the model: its weights may point into the mapped files */
+    free(tpath);
     return rc;
 }

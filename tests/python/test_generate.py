@@ -349,3 +349,40 @@ def test_bench_generate_runs():
         assert j[way]["decode_tok_s"] > 0 and j[way]["prompt_tok_s"] > 0
     assert j["decode_speedup"] > 0
     assert run("bench", "generate", "--help").stdout.startswith("usage: ctorch bench generate")
+
+
+@pytest.mark.parametrize("name,dtype", [("llama", torch.float32), ("qwen2", torch.bfloat16)])
+def test_hf_directory_generate(tmp_path, name, dtype):
+    # a Hugging Face directory through models.load and the CLI: f32 weights are read in place
+    # from the mapped file, bf16 ones converted (the reference uses the rounded weights)
+    cfg = CONFIGS[name]
+    w = {k: v.to(dtype).float() for k, v in ref.random_weights(cfg, seed=5, std=0.3).items()}
+    ref.save_hf(tmp_path / "m", cfg, w, dtype=dtype)
+    m = models.load(tmp_path / "m")
+    eos = cfg["eos_token_id"]
+    assert m.eos_token_id == eos
+    ids = prompt(cfg, 2, 6, 8)
+    got = m.generate(ids, 12)  # stops rows at config.json's eos_token_id
+    want = greedy_torch(cfg, w, ids, 12)
+    for r in range(2):
+        new, ref_new = got[r, 6:].tolist(), want[r, 6:].tolist()
+        if eos in ref_new[:len(new)]:
+            k = ref_new.index(eos)
+            assert new[:k + 1] == ref_new[:k + 1] and all(t == eos for t in new[k:])
+        else:
+            assert new == ref_new[:len(new)]
+    assert torch.equal(m.generate(ids, 12, use_cache=False), got)
+    line = " ".join(map(str, ids[0].tolist()))
+    a = gen_json(tmp_path / "m", "--prompt-ids", line, "--greedy", "--max-new-tokens", 12,
+                 "--ignore-eos")
+    assert a["new_ids"] == want[0, 6:].tolist()
+    assert a["text"] == "".join(f"{t} " for t in a["new_ids"])  # no tokenizer.json: ids
+    r = run("generate", "--model", tmp_path / "m", "--prompt", "hello", ok=False)
+    assert r.returncode == 2 and "tokenizer.json" in r.stderr
+    # a tokenizer.json ctorch cannot read: ids still work (with a warning), text does not
+    (tmp_path / "m" / "tokenizer.json").write_text("{not json")
+    b = run("generate", "--model", tmp_path / "m", "--prompt-ids", line, "--greedy", "--tokens", 12,
+            "--ignore-eos", "--json")
+    assert json.loads(b.stdout)["new_ids"] == a["new_ids"] and "warning" in b.stderr
+    r = run("generate", "--model", tmp_path / "m", "--prompt", "hello", ok=False)
+    assert r.returncode == 1 and "tokenizer.json" in r.stderr
