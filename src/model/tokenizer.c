@@ -348,12 +348,25 @@ ct_status ct_tokenizer_token_id(const ct_tokenizer *t, const char *bytes, size_t
 
 /* ---- encoding ------------------------------------------------------------------------------ */
 
+/* A cache of the tokens of pieces met before in the same call (words repeat: most pieces of a
+ * text are merged once). Slots hold the piece's place in the text and its tokens' place in
+ * the output; it stops taking entries when half full. */
+#define CACHE_SLOTS 65536
+#define CACHE_MAX_PIECE 48
+typedef struct {
+    uint64_t hash;   /* 0: empty */
+    uint32_t at, len; /* the piece: text[at .. at + len) */
+    uint32_t out, n;  /* its tokens: ids[out .. out + n) of the first time it was met */
+} cache_slot;
+
 typedef struct {
     int32_t *ids;
     size_t n, cap;
     int32_t *work; /* the heap merge's symbols and links */
     uint64_t *heap;
     size_t wcap, heapcap;
+    cache_slot *cache;
+    size_t cached;
 } enc;
 
 static inline ct_status emit(enc *e, int32_t id)
@@ -520,6 +533,7 @@ ct_status ct_tokenizer_encode(const ct_tokenizer *t, const char *text, size_t le
     enc e;
     memset(&e, 0, sizeof e);
     ct_status st = ct_tok_grow((void **)&e.ids, &e.cap, len / 3 + 16, sizeof(int32_t));
+    if (st == CT_OK && len >= 4096) st = ct_calloc((void **)&e.cache, CACHE_SLOTS * sizeof(cache_slot));
     size_t i = 0;
     while (i < len && st == CT_OK) {
         /* the next special token at or after i ends the segment that pieces are cut from */
@@ -534,8 +548,35 @@ ct_status ct_tokenizer_encode(const ct_tokenizer *t, const char *text, size_t le
             stop = len;
         }
         while (i < stop && st == CT_OK) {
-            size_t j = ct_pretok_end(t->pretok, s, stop, i);
-            st = encode_piece(t, &e, s + i, j - i);
+            size_t j = ct_pretok_end(t->pretok, s, stop, i), pn = j - i;
+            cache_slot *slot = NULL;
+            uint64_t h = 0;
+            if (e.cache && pn > 1 && pn <= CACHE_MAX_PIECE && j <= UINT32_MAX) {
+                h = ct_tok_hash_bytes((const char *)s + i, pn) | 1;
+                size_t k = h & (CACHE_SLOTS - 1);
+                while (e.cache[k].hash && !(e.cache[k].hash == h && e.cache[k].len == pn &&
+                                            !memcmp(s + e.cache[k].at, s + i, pn)))
+                    k = (k + 1) & (CACHE_SLOTS - 1);
+                slot = &e.cache[k];
+                if (slot->hash) { /* met before: copy its tokens */
+                    size_t m = slot->n;
+                    if (e.n + m > e.cap &&
+                        (st = ct_tok_grow((void **)&e.ids, &e.cap, e.n + m, sizeof(int32_t))))
+                        break;
+                    memcpy(e.ids + e.n, e.ids + slot->out, m * sizeof(int32_t));
+                    e.n += m;
+                    i = j;
+                    continue;
+                }
+                if (2 * e.cached >= CACHE_SLOTS || e.n > UINT32_MAX / 2) slot = NULL;
+            }
+            size_t before = e.n;
+            st = encode_piece(t, &e, s + i, pn);
+            if (slot && st == CT_OK) {
+                *slot = (cache_slot){h, (uint32_t)i,
+                                     (uint32_t)pn, (uint32_t)before, (uint32_t)(e.n - before)};
+                e.cached++;
+            }
             i = j;
         }
         if (sp >= 0 && st == CT_OK) {
@@ -545,6 +586,7 @@ ct_status ct_tokenizer_encode(const ct_tokenizer *t, const char *text, size_t le
     }
     ct_free(e.work);
     ct_free(e.heap);
+    ct_free(e.cache);
     if (st != CT_OK) {
         ct_free(e.ids);
         return st;
