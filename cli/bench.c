@@ -16,6 +16,7 @@ static const struct {
     {"lce", bench_lce, "fused linear cross-entropy vs unfused (ctorch and PyTorch), fwd+bwd"},
     {"flex", bench_flex, "FlexAttention sliding window / causal vs dense SDPA, block-mask cost"},
     {"compile", bench_compile, "compiled score/mask mods vs built-ins and torch, cold/warm compile, pool"},
+    {"tokenizer", bench_tokenizer, "tokenizer encode MB/s (GPT-2, ctorch BPE) vs node's gpt-3-encoder"},
     {"train", bench_train, "one training step: fused vs unfused head, flex window vs dense, vs PyTorch"},
     {"generate", bench_generate, "decode with the KV cache vs recomputing the sequence, prompt/decode tok/s"},
 };
@@ -24,7 +25,7 @@ static void bench_usage(FILE *f)
 {
     fprintf(f, "usage: ctorch bench <name> [options] [--json] [--repeats R]\n\nbenchmarks:\n");
     for (size_t i = 0; i < sizeof benches / sizeof benches[0]; i++)
-        fprintf(f, "  %-8s %s\n", benches[i].name, benches[i].summary);
+        fprintf(f, "  %-9s %s\n", benches[i].name, benches[i].summary);
     fprintf(f, "\nctorch bench <name> --help lists a benchmark's options.\n");
 }
 

@@ -51,5 +51,6 @@ int bench_train(bench_ctx *b, int argc, char **argv);
 int bench_compile(bench_ctx *b, int argc, char **argv);
 int bench_comm(bench_ctx *b, int argc, char **argv);
 int bench_generate(bench_ctx *b, int argc, char **argv);
+int bench_tokenizer(bench_ctx *b, int argc, char **argv);
 
 #endif

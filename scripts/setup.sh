@@ -8,6 +8,10 @@ missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# node + npm fetch and run the tokenizer tests' oracle (scripts/fetch_test_deps.sh); a node that
+# came from elsewhere (it bundles npm) is kept as it is
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing: ${missing[*]}"
   SUDO=""

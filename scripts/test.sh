@@ -15,6 +15,9 @@ cmake --build build -j"$JOBS"
 echo "== C tests (Release)"
 ctest --test-dir build --output-on-failure -j"$JOBS"
 
+echo "== test fixtures (npm: gpt-3-encoder, the GPT-2 tokenizer oracle)"
+bash scripts/fetch_test_deps.sh build/npm
+
 echo "== Python tests (PyTorch $($PY -c 'import torch; print(torch.__version__)') as the oracle)"
 CTORCH_LIB="$PWD/build/libctorch.so" CTORCH_CLI="$PWD/build/ctorch" $PY -m pytest -q -p no:cacheprovider tests/python
 

@@ -1,7 +1,7 @@
-/* Byte-level BPE: pre-tokenisation, training on piece counts with a lazy max-heap of pair
- * counts, encoding by merge rank, JSON files. The rules are in include/ctorch/tokenizer.h. */
-#include "core/internal.h"
-#include "ctorch/tokenizer.h"
+/* The tokenizer: one representation for every format (tokenizer_internal.h), encoding with
+ * special tokens matched first, then pieces, then merges by rank; decoding; the ctorch-bpe
+ * file format; loading files and folders of every format. */
+#include "model/tokenizer_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -13,32 +13,16 @@
 #include <unistd.h>
 
 #define EOS_LEN (sizeof CT_TOKENIZER_EOS_TEXT - 1)
-#define MAX_PIECE 256 /* longer runs are cut into pieces of this many bytes */
+#define SHORT_PIECE 64 /* pieces up to this many bytes merge by rescanning; longer by a heap */
 
-struct ct_tokenizer {
-    int64_t n_merges;
-    int32_t *merges;    /* [n_merges][2] */
-    uint64_t *rank_key; /* open-addressed map pair key -> rank (cap entries, 0 = empty) */
-    int32_t *rank_val;
-    size_t rank_cap;
-    char *bytes; /* token byte strings, back to back */
-    size_t *off; /* [vocab + 1] offsets into bytes */
-};
-
-ct_bpe_options ct_bpe_options_default(void)
-{
-    ct_bpe_options o = {4096, 2};
-    return o;
-}
-
-/* ---- small growable arrays ------------------------------------------------------------- */
-
-static ct_status grow(void **p, size_t *cap, size_t need, size_t elem)
+ct_status ct_tok_grow(void **p, size_t *cap, size_t need, size_t elem)
 {
     if (need <= *cap) return CT_OK;
     size_t nc = *cap ? *cap : 16;
-    while (nc < need)
+    while (nc < need) {
+        if (nc > SIZE_MAX / 2 / elem) return ct_error(CT_ENOMEM, "tokenizer: array too large");
         nc *= 2;
+    }
     void *q;
     CT_TRY(ct_alloc(&q, nc * elem));
     if (*p) memcpy(q, *p, *cap * elem);
@@ -48,19 +32,20 @@ static ct_status grow(void **p, size_t *cap, size_t need, size_t elem)
     return CT_OK;
 }
 
-static inline uint64_t hash64(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    return x ^ (x >> 33);
-}
-
 static inline uint64_t pair_key(int32_t a, int32_t b)
 {
     return ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
 }
+
+uint64_t ct_tok_hash_bytes(const char *b, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t k = 0; k < n; k++)
+        h = (h ^ (unsigned char)b[k]) * 1099511628211ull;
+    return ct_tok_hash64(h);
+}
+
+/* ---- UTF-8 ------------------------------------------------------------------------------- */
 
 /* ---- UTF-8 ------------------------------------------------------------------------------- */
 
@@ -98,385 +83,7 @@ bad:
     return false;
 }
 
-/* ---- pre-tokenisation ---------------------------------------------------------------------- */
-
-enum { C_LETTER, C_DIGIT, C_OTHER, C_SPACE, C_NEWLINE };
-
-static int cls(unsigned char c)
-{
-    if (c >= 0x80 || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) return C_LETTER;
-    if (c >= '0' && c <= '9') return C_DIGIT;
-    if (c == '\n' || c == '\r') return C_NEWLINE;
-    if (c == ' ' || c == '\t' || c == '\v' || c == '\f') return C_SPACE;
-    return C_OTHER;
-}
-
-/* End of the piece that starts at s[i] (i < len). */
-static size_t piece_end(const unsigned char *s, size_t len, size_t i)
-{
-    size_t j = i, lim = len - i > MAX_PIECE ? i + MAX_PIECE : len;
-    int k = cls(s[i]);
-    if (s[i] == ' ' && i + 1 < len && cls(s[i + 1]) <= C_OTHER) {
-        k = cls(s[i + 1]);
-        j = i + 1;
-    }
-    while (j < lim && cls(s[j]) == k)
-        j++;
-    if (k == C_SPACE && j < len && j - i > 1 && s[j - 1] == ' ' && cls(s[j]) <= C_OTHER) j--;
-    return j;
-}
-
-/* Calls fn(ctx, piece, n) for each piece of the text, and fn(ctx, NULL, 0) for each EOS. */
-typedef ct_status (*piece_fn)(void *ctx, const unsigned char *p, size_t n);
-
-static ct_status for_each_piece(const char *text, size_t len, piece_fn fn, void *ctx)
-{
-    const unsigned char *s = (const unsigned char *)text;
-    size_t i = 0;
-    while (i < len) {
-        const char *e = memmem(text + i, len - i, CT_TOKENIZER_EOS_TEXT, EOS_LEN);
-        size_t stop = e ? (size_t)(e - text) : len;
-        while (i < stop) {
-            size_t j = piece_end(s, stop, i);
-            CT_TRY(fn(ctx, s + i, j - i));
-            i = j;
-        }
-        if (e) {
-            CT_TRY(fn(ctx, NULL, 0));
-            i = stop + EOS_LEN;
-        }
-    }
-    return CT_OK;
-}
-
-/* ---- training ------------------------------------------------------------------------------ */
-
-typedef struct {
-    int32_t *ids;
-    int32_t n, cap;
-} wlist;
-
-typedef struct {
-    /* unique pieces */
-    uint64_t *ph; /* hash table of piece indices + 1 (0 = empty) */
-    size_t ph_cap;
-    const unsigned char **pstr;
-    size_t *plen;
-    int64_t *pcount;
-    size_t np, np_cap, plen_cap, pcount_cap;
-    /* words: symbols of each unique piece */
-    int32_t *sym;
-    size_t *woff;
-    int32_t *wlen;
-    uint32_t *wstamp;
-    /* pairs */
-    uint64_t *kh; /* hash table: pair index + 1 */
-    size_t kh_cap;
-    uint64_t *pkey;
-    int64_t *pcnt;
-    wlist *pw;
-    uint32_t *pstamp;
-    size_t npairs, pkey_cap, pcnt_cap, pw_cap, pstamp_cap;
-    /* heap of (count, key) */
-    int64_t *hc;
-    uint64_t *hk;
-    size_t hn, hc_cap, hk_cap;
-} bpe;
-
-static ct_status piece_add(void *ctx, const unsigned char *p, size_t n)
-{
-    bpe *b = ctx;
-    if (!p) return CT_OK;
-    if (2 * (b->np + 1) > b->ph_cap) { /* rehash at half load */
-        size_t nc = b->ph_cap ? 2 * b->ph_cap : 1024;
-        uint64_t *t;
-        CT_TRY(ct_calloc((void **)&t, nc * sizeof *t));
-        for (size_t i = 0; i < b->np; i++) {
-            uint64_t h = 1469598103934665603ull;
-            for (size_t k = 0; k < b->plen[i]; k++)
-                h = (h ^ b->pstr[i][k]) * 1099511628211ull;
-            size_t s = hash64(h) & (nc - 1);
-            while (t[s])
-                s = (s + 1) & (nc - 1);
-            t[s] = i + 1;
-        }
-        ct_free(b->ph);
-        b->ph = t;
-        b->ph_cap = nc;
-    }
-    uint64_t h = 1469598103934665603ull;
-    for (size_t k = 0; k < n; k++)
-        h = (h ^ p[k]) * 1099511628211ull;
-    size_t s = hash64(h) & (b->ph_cap - 1);
-    while (b->ph[s]) {
-        size_t i = b->ph[s] - 1;
-        if (b->plen[i] == n && !memcmp(b->pstr[i], p, n)) {
-            b->pcount[i]++;
-            return CT_OK;
-        }
-        s = (s + 1) & (b->ph_cap - 1);
-    }
-    size_t need = b->np + 1;
-    CT_TRY(grow((void **)&b->pstr, &b->np_cap, need, sizeof *b->pstr));
-    CT_TRY(grow((void **)&b->plen, &b->plen_cap, need, sizeof *b->plen));
-    CT_TRY(grow((void **)&b->pcount, &b->pcount_cap, need, sizeof *b->pcount));
-    b->pstr[b->np] = p;
-    b->plen[b->np] = n;
-    b->pcount[b->np] = 1;
-    b->ph[s] = ++b->np;
-    return CT_OK;
-}
-
-/* Index of a pair (created with count 0 when absent). */
-static ct_status pair_get(bpe *b, uint64_t key, size_t *idx)
-{
-    if (2 * (b->npairs + 1) > b->kh_cap) {
-        size_t nc = b->kh_cap ? 2 * b->kh_cap : 4096;
-        uint64_t *t;
-        CT_TRY(ct_calloc((void **)&t, nc * sizeof *t));
-        for (size_t i = 0; i < b->npairs; i++) {
-            size_t s = hash64(b->pkey[i]) & (nc - 1);
-            while (t[s])
-                s = (s + 1) & (nc - 1);
-            t[s] = i + 1;
-        }
-        ct_free(b->kh);
-        b->kh = t;
-        b->kh_cap = nc;
-    }
-    size_t s = hash64(key) & (b->kh_cap - 1);
-    while (b->kh[s]) {
-        if (b->pkey[b->kh[s] - 1] == key) {
-            *idx = b->kh[s] - 1;
-            return CT_OK;
-        }
-        s = (s + 1) & (b->kh_cap - 1);
-    }
-    size_t need = b->npairs + 1;
-    CT_TRY(grow((void **)&b->pkey, &b->pkey_cap, need, sizeof *b->pkey));
-    CT_TRY(grow((void **)&b->pcnt, &b->pcnt_cap, need, sizeof *b->pcnt));
-    CT_TRY(grow((void **)&b->pw, &b->pw_cap, need, sizeof *b->pw));
-    CT_TRY(grow((void **)&b->pstamp, &b->pstamp_cap, need, sizeof *b->pstamp));
-    b->pkey[b->npairs] = key;
-    b->pcnt[b->npairs] = 0;
-    memset(&b->pw[b->npairs], 0, sizeof(wlist));
-    b->pstamp[b->npairs] = 0;
-    *idx = b->npairs;
-    b->kh[s] = ++b->npairs;
-    return CT_OK;
-}
-
-static ct_status wlist_add(wlist *l, int32_t w)
-{
-    if (l->n && l->ids[l->n - 1] == w) return CT_OK;
-    if (l->n == l->cap) {
-        size_t cap = (size_t)l->cap;
-        CT_TRY(grow((void **)&l->ids, &cap, (size_t)l->n + 1, sizeof(int32_t)));
-        l->cap = (int32_t)cap;
-    }
-    l->ids[l->n++] = w;
-    return CT_OK;
-}
-
-/* Heap order: larger count first, then the smaller key. */
-static inline bool heap_above(const bpe *b, size_t i, size_t j)
-{
-    return b->hc[i] > b->hc[j] || (b->hc[i] == b->hc[j] && b->hk[i] < b->hk[j]);
-}
-
-static void heap_swap(bpe *b, size_t i, size_t j)
-{
-    int64_t c = b->hc[i];
-    uint64_t k = b->hk[i];
-    b->hc[i] = b->hc[j], b->hk[i] = b->hk[j];
-    b->hc[j] = c, b->hk[j] = k;
-}
-
-static ct_status heap_push(bpe *b, int64_t cnt, uint64_t key)
-{
-    CT_TRY(grow((void **)&b->hc, &b->hc_cap, b->hn + 1, sizeof *b->hc));
-    CT_TRY(grow((void **)&b->hk, &b->hk_cap, b->hn + 1, sizeof *b->hk));
-    size_t i = b->hn++;
-    b->hc[i] = cnt;
-    b->hk[i] = key;
-    while (i && heap_above(b, i, (i - 1) / 2)) {
-        heap_swap(b, i, (i - 1) / 2);
-        i = (i - 1) / 2;
-    }
-    return CT_OK;
-}
-
-static void heap_pop(bpe *b)
-{
-    b->hn--;
-    b->hc[0] = b->hc[b->hn];
-    b->hk[0] = b->hk[b->hn];
-    size_t i = 0;
-    for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, m = i;
-        if (l < b->hn && heap_above(b, l, m)) m = l;
-        if (r < b->hn && heap_above(b, r, m)) m = r;
-        if (m == i) break;
-        heap_swap(b, i, m);
-        i = m;
-    }
-}
-
-/* Add (sign = +1) or remove (-1) the pairs of word w to the counts; with sign +1 and a new
- * token x, pairs holding x list the word and are collected in touched[]. */
-static ct_status word_pairs(bpe *b, int32_t w, int sign, int32_t x, uint32_t stamp,
-                            size_t **touched, size_t *nt, size_t *tcap)
-{
-    const int32_t *s = b->sym + b->woff[w];
-    int64_t c = b->pcount[w] * sign;
-    for (int32_t i = 0; i + 1 < b->wlen[w]; i++) {
-        size_t p;
-        CT_TRY(pair_get(b, pair_key(s[i], s[i + 1]), &p));
-        b->pcnt[p] += c;
-        if (sign > 0 && (x < 0 || s[i] == x || s[i + 1] == x)) {
-            CT_TRY(wlist_add(&b->pw[p], w));
-            if (touched && b->pstamp[p] != stamp) {
-                b->pstamp[p] = stamp;
-                CT_TRY(grow((void **)touched, tcap, *nt + 1, sizeof(size_t)));
-                (*touched)[(*nt)++] = p;
-            }
-        }
-    }
-    return CT_OK;
-}
-
-static void bpe_free(bpe *b)
-{
-    ct_free(b->ph);
-    ct_free(b->pstr);
-    ct_free(b->plen);
-    ct_free(b->pcount);
-    ct_free(b->sym);
-    ct_free(b->woff);
-    ct_free(b->wlen);
-    ct_free(b->wstamp);
-    ct_free(b->kh);
-    ct_free(b->pkey);
-    ct_free(b->pcnt);
-    for (size_t i = 0; i < b->npairs; i++)
-        ct_free(b->pw[i].ids);
-    ct_free(b->pw);
-    ct_free(b->pstamp);
-    ct_free(b->hc);
-    ct_free(b->hk);
-}
-
-static ct_status tokenizer_build(const int32_t *merges, int64_t n_merges, ct_tokenizer **out);
-
-static ct_status bpe_run(bpe *b, const ct_bpe_options *o, int32_t **merges_out, int64_t *nm_out)
-{
-    size_t total = 0;
-    for (size_t w = 0; w < b->np; w++)
-        total += b->plen[w];
-    CT_TRY(ct_alloc((void **)&b->sym, (total ? total : 1) * sizeof(int32_t)));
-    CT_TRY(ct_alloc((void **)&b->woff, (b->np ? b->np : 1) * sizeof(size_t)));
-    CT_TRY(ct_alloc((void **)&b->wlen, (b->np ? b->np : 1) * sizeof(int32_t)));
-    CT_TRY(ct_calloc((void **)&b->wstamp, (b->np ? b->np : 1) * sizeof(uint32_t)));
-    size_t pos = 0;
-    for (size_t w = 0; w < b->np; w++) {
-        b->woff[w] = pos;
-        b->wlen[w] = (int32_t)b->plen[w];
-        for (size_t k = 0; k < b->plen[w]; k++)
-            b->sym[pos++] = b->pstr[w][k];
-        CT_TRY(word_pairs(b, (int32_t)w, +1, -1, 0, NULL, NULL, NULL));
-    }
-    for (size_t p = 0; p < b->npairs; p++)
-        if (b->pcnt[p] > 0) CT_TRY(heap_push(b, b->pcnt[p], b->pkey[p]));
-    int64_t want = o->vocab_size - 257, nm = 0;
-    int32_t *merges = NULL;
-    size_t mcap = 0, *touched = NULL, tcap = 0;
-    ct_status s = CT_OK;
-    uint32_t stamp = 0;
-    while (nm < want && b->hn) {
-        int64_t cnt = b->hc[0];
-        uint64_t key = b->hk[0];
-        heap_pop(b);
-        size_t p;
-        if ((s = pair_get(b, key, &p))) break;
-        if (b->pcnt[p] != cnt) { /* stale: re-queue a decreased count */
-            if (b->pcnt[p] > 0 && b->pcnt[p] < cnt && (s = heap_push(b, b->pcnt[p], key))) break;
-            continue;
-        }
-        if (cnt < o->min_frequency) break;
-        int32_t a = (int32_t)(key >> 32), c2 = (int32_t)(uint32_t)key, x = (int32_t)(256 + nm);
-        if ((s = grow((void **)&merges, &mcap, 2 * (size_t)(nm + 1), sizeof(int32_t)))) break;
-        merges[2 * nm] = a;
-        merges[2 * nm + 1] = c2;
-        nm++;
-        stamp++;
-        size_t nt = 0;
-        wlist l = b->pw[p]; /* the list may grow while we walk it: take its words first */
-        memset(&b->pw[p], 0, sizeof l);
-        for (int32_t i = 0; i < l.n && s == CT_OK; i++) {
-            int32_t w = l.ids[i];
-            if (b->wstamp[w] == stamp) continue;
-            b->wstamp[w] = stamp;
-            int32_t *sy = b->sym + b->woff[w], n = b->wlen[w];
-            bool has = false;
-            for (int32_t k = 0; k + 1 < n && !has; k++)
-                has = sy[k] == a && sy[k + 1] == c2;
-            if (!has) continue;
-            if ((s = word_pairs(b, w, -1, x, stamp, NULL, NULL, NULL))) break;
-            int32_t m = 0;
-            for (int32_t k = 0; k < n; k++) {
-                if (k + 1 < n && sy[k] == a && sy[k + 1] == c2) {
-                    sy[m++] = x;
-                    k++;
-                } else {
-                    sy[m++] = sy[k];
-                }
-            }
-            b->wlen[w] = m;
-            s = word_pairs(b, w, +1, x, stamp, &touched, &nt, &tcap);
-        }
-        ct_free(l.ids);
-        for (size_t i = 0; i < nt && s == CT_OK; i++)
-            if (b->pcnt[touched[i]] > 0) s = heap_push(b, b->pcnt[touched[i]], b->pkey[touched[i]]);
-        if (s) break;
-    }
-    ct_free(touched);
-    if (s) {
-        ct_free(merges);
-        return s;
-    }
-    *merges_out = merges;
-    *nm_out = nm;
-    return CT_OK;
-}
-
-ct_status ct_tokenizer_train(const char *text, size_t len, const ct_bpe_options *opt,
-                             ct_tokenizer **out)
-{
-    if (!out) return ct_error(CT_EINVAL, "ct_tokenizer_train: out must not be NULL");
-    *out = NULL;
-    if (len && !text) return ct_error(CT_EINVAL, "ct_tokenizer_train: text must not be NULL");
-    ct_bpe_options o = opt ? *opt : ct_bpe_options_default();
-    if (o.vocab_size < 257 || o.vocab_size > (1 << 20))
-        return ct_error(CT_EINVAL,
-                        "ct_tokenizer_train: vocab_size must be in [257, 1048576] "
-                        "(256 bytes + merges + EOS), got %lld",
-                        (long long)o.vocab_size);
-    if (o.min_frequency < 1)
-        return ct_error(CT_EINVAL, "ct_tokenizer_train: min_frequency must be >= 1, got %lld",
-                        (long long)o.min_frequency);
-    bpe b;
-    memset(&b, 0, sizeof b);
-    int32_t *merges = NULL;
-    int64_t nm = 0;
-    ct_status s = for_each_piece(text, len, piece_add, &b);
-    if (s == CT_OK) s = bpe_run(&b, &o, &merges, &nm);
-    bpe_free(&b);
-    if (s == CT_OK) s = tokenizer_build(merges, nm, out);
-    ct_free(merges);
-    return s;
-}
-
-/* ---- the tokenizer ------------------------------------------------------------------------- */
+/* ---- tables ------------------------------------------------------------------------------ */
 
 void ct_tokenizer_free(ct_tokenizer *t)
 {
@@ -486,13 +93,16 @@ void ct_tokenizer_free(ct_tokenizer *t)
     ct_free(t->rank_val);
     ct_free(t->bytes);
     ct_free(t->off);
+    ct_free(t->tok_map);
+    ct_free(t->special);
+    ct_free(t->json);
     ct_free(t);
 }
 
-static int32_t rank_of(const ct_tokenizer *t, int32_t a, int32_t b)
+static inline int32_t rank_of(const ct_tokenizer *t, int32_t a, int32_t b)
 {
     uint64_t key = pair_key(a, b) + 1; /* +1: keys are never 0 (the empty mark) */
-    size_t s = hash64(key) & (t->rank_cap - 1);
+    size_t s = ct_tok_hash64(key) & (t->rank_cap - 1);
     while (t->rank_key[s]) {
         if (t->rank_key[s] == key) return t->rank_val[s];
         s = (s + 1) & (t->rank_cap - 1);
@@ -500,47 +110,115 @@ static int32_t rank_of(const ct_tokenizer *t, int32_t a, int32_t b)
     return -1;
 }
 
-/* Build a tokenizer from merges (validated: each merge joins earlier tokens). */
-static ct_status tokenizer_build(const int32_t *merges, int64_t n_merges, ct_tokenizer **out)
+ct_status ct_tok_build_ranks(ct_tokenizer *t)
 {
-    ct_tokenizer *t;
-    CT_TRY(ct_calloc((void **)&t, sizeof *t));
-    t->n_merges = n_merges;
-    int64_t V = 257 + n_merges;
     t->rank_cap = 16;
-    while (t->rank_cap < 2 * (size_t)(n_merges + 1))
+    while (t->rank_cap < 2 * (size_t)(t->n_merges + 1))
         t->rank_cap *= 2;
-    ct_status s;
-    if ((s = ct_alloc((void **)&t->merges, (size_t)(2 * n_merges + 1) * sizeof(int32_t))) ||
-        (s = ct_calloc((void **)&t->rank_key, t->rank_cap * sizeof(uint64_t))) ||
-        (s = ct_alloc((void **)&t->rank_val, t->rank_cap * sizeof(int32_t))) ||
-        (s = ct_alloc((void **)&t->off, (size_t)(V + 1) * sizeof(size_t)))) {
-        ct_tokenizer_free(t);
-        return s;
-    }
-    if (n_merges) memcpy(t->merges, merges, (size_t)(2 * n_merges) * sizeof(int32_t));
-    size_t total = 256 + EOS_LEN;
-    for (int64_t i = 0; i < n_merges; i++) {
-        int32_t a = merges[2 * i], b = merges[2 * i + 1];
-        if (a < 0 || b < 0 || a >= 256 + i || b >= 256 + i) {
-            ct_tokenizer_free(t);
-            return ct_error(CT_EFORMAT,
-                            "tokenizer: merge %lld joins [%d, %d], but only tokens below "
-                            "%lld exist before it",
-                            (long long)i, a, b, (long long)(256 + i));
-        }
-        if (rank_of(t, a, b) >= 0) {
-            ct_tokenizer_free(t);
+    CT_TRY(ct_calloc((void **)&t->rank_key, t->rank_cap * sizeof(uint64_t)));
+    CT_TRY(ct_alloc((void **)&t->rank_val, t->rank_cap * sizeof(int32_t)));
+    for (int64_t i = 0; i < t->n_merges; i++) {
+        int32_t a = t->merges[3 * i], b = t->merges[3 * i + 1];
+        if (rank_of(t, a, b) >= 0)
             return ct_error(CT_EFORMAT, "tokenizer: merge %lld [%d, %d] repeats an earlier merge",
                             (long long)i, a, b);
-        }
         uint64_t key = pair_key(a, b) + 1;
-        size_t slot = hash64(key) & (t->rank_cap - 1);
+        size_t slot = ct_tok_hash64(key) & (t->rank_cap - 1);
         while (t->rank_key[slot])
             slot = (slot + 1) & (t->rank_cap - 1);
         t->rank_key[slot] = key;
         t->rank_val[slot] = (int32_t)i;
     }
+    return CT_OK;
+}
+
+ct_status ct_tok_build_map(ct_tokenizer *t, int64_t n_ids)
+{
+    t->tok_cap = 16;
+    while (t->tok_cap < 2 * (size_t)(n_ids + 1))
+        t->tok_cap *= 2;
+    CT_TRY(ct_calloc((void **)&t->tok_map, t->tok_cap * sizeof(int32_t)));
+    for (int64_t id = 0; id < n_ids; id++) {
+        const char *b = t->bytes + t->off[id];
+        size_t n = t->off[id + 1] - t->off[id];
+        size_t s = ct_tok_hash_bytes(b, n) & (t->tok_cap - 1);
+        while (t->tok_map[s]) {
+            int32_t o = t->tok_map[s] - 1;
+            if (t->off[o + 1] - t->off[o] == n && !memcmp(t->bytes + t->off[o], b, n)) break;
+            s = (s + 1) & (t->tok_cap - 1);
+        }
+        if (!t->tok_map[s]) t->tok_map[s] = (int32_t)id + 1; /* a repeat keeps the first id */
+    }
+    return CT_OK;
+}
+
+int32_t ct_tok_lookup(const ct_tokenizer *t, const char *b, size_t n)
+{
+    if (!t->tok_map) return -1;
+    size_t s = ct_tok_hash_bytes(b, n) & (t->tok_cap - 1);
+    while (t->tok_map[s]) {
+        int32_t o = t->tok_map[s] - 1;
+        if (t->off[o + 1] - t->off[o] == n && !memcmp(t->bytes + t->off[o], b, n)) return o;
+        s = (s + 1) & (t->tok_cap - 1);
+    }
+    return -1;
+}
+
+static int cmp_special(const void *x, const void *y, void *ctx)
+{
+    const ct_tokenizer *t = ctx;
+    int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
+    unsigned char fa = (unsigned char)t->bytes[t->off[a]], fb = (unsigned char)t->bytes[t->off[b]];
+    if (fa != fb) return fa < fb ? -1 : 1;
+    size_t la = t->off[a + 1] - t->off[a], lb = t->off[b + 1] - t->off[b];
+    if (la != lb) return la > lb ? -1 : 1; /* longest first */
+    return a < b ? -1 : a > b;
+}
+
+ct_status ct_tok_index_special(ct_tokenizer *t)
+{
+    if (t->n_special) qsort_r(t->special, t->n_special, sizeof(int32_t), cmp_special, t);
+    size_t k = 0;
+    for (int b = 0; b <= 256; b++) {
+        while (b < 256 && k < t->n_special && (unsigned char)t->bytes[t->off[t->special[k]]] < b)
+            k++;
+        t->special_at[b] = (uint32_t)k;
+    }
+    t->special_at[256] = (uint32_t)t->n_special;
+    return CT_OK;
+}
+
+ct_status ct_tok_build_ctorch(const int32_t *merges, int64_t n_merges, ct_tokenizer **out)
+{
+    *out = NULL;
+    ct_tokenizer *t;
+    CT_TRY(ct_calloc((void **)&t, sizeof *t));
+    t->format = TOK_CTORCH;
+    t->pretok = PRE_CTORCH;
+    t->n_merges = n_merges;
+    int64_t V = 257 + n_merges;
+    t->vocab = V;
+    t->bos = -1;
+    t->eos = (int32_t)(V - 1);
+    ct_status s;
+    if ((s = ct_alloc((void **)&t->merges, (size_t)(3 * n_merges + 1) * sizeof(int32_t))) ||
+        (s = ct_alloc((void **)&t->off, (size_t)(V + 1) * sizeof(size_t))) ||
+        (s = ct_alloc((void **)&t->special, sizeof(int32_t))))
+        goto fail;
+    for (int64_t i = 0; i < n_merges; i++) {
+        int32_t a = merges[2 * i], b = merges[2 * i + 1];
+        if (a < 0 || b < 0 || a >= 256 + i || b >= 256 + i) {
+            s = ct_error(CT_EFORMAT,
+                         "tokenizer: merge %lld joins [%d, %d], but only tokens below %lld "
+                         "exist before it",
+                         (long long)i, a, b, (long long)(256 + i));
+            goto fail;
+        }
+        t->merges[3 * i] = a;
+        t->merges[3 * i + 1] = b;
+        t->merges[3 * i + 2] = (int32_t)(256 + i);
+    }
+    if ((s = ct_tok_build_ranks(t))) goto fail;
     /* token byte strings: offsets first, then the bytes. A merge joins two tokens, so a
      * hostile file can double a length with each merge: bound each token and the sum before
      * anything is allocated for them. */
@@ -553,27 +231,24 @@ static ct_status tokenizer_build(const int32_t *merges, int64_t n_merges, ct_tok
             int32_t a = merges[2 * (id - 256)], b = merges[2 * (id - 256) + 1];
             n = (t->off[a + 1] - t->off[a]) + (t->off[b + 1] - t->off[b]);
             if (n > CT_TOKENIZER_MAX_TOKEN_BYTES) {
-                ct_tokenizer_free(t);
-                return ct_error(CT_EFORMAT,
-                                "tokenizer: merge %lld [%d, %d] makes a token of %zu bytes; "
-                                "tokens are at most %d bytes",
-                                (long long)(id - 256), a, b, n, CT_TOKENIZER_MAX_TOKEN_BYTES);
+                s = ct_error(CT_EFORMAT,
+                             "tokenizer: merge %lld [%d, %d] makes a token of %zu bytes; "
+                             "tokens are at most %d bytes",
+                             (long long)(id - 256), a, b, n, CT_TOKENIZER_MAX_TOKEN_BYTES);
+                goto fail;
             }
         }
         if (t->off[id] + n > CT_TOKENIZER_MAX_TOTAL_BYTES) {
-            ct_tokenizer_free(t);
-            return ct_error(CT_EFORMAT,
-                            "tokenizer: the tokens' bytes add up to more than %d MiB (at token "
-                            "%lld)",
-                            CT_TOKENIZER_MAX_TOTAL_BYTES >> 20, (long long)id);
+            s = ct_error(CT_EFORMAT,
+                         "tokenizer: the tokens' bytes add up to more than %d MiB (at token "
+                         "%lld)",
+                         CT_TOKENIZER_MAX_TOTAL_BYTES >> 20, (long long)id);
+            goto fail;
         }
         t->off[id + 1] = t->off[id] + n;
     }
-    total = t->off[V];
-    if ((s = ct_alloc((void **)&t->bytes, total + 1))) {
-        ct_tokenizer_free(t);
-        return s;
-    }
+    size_t total = t->off[V];
+    if ((s = ct_alloc((void **)&t->bytes, total + 1))) goto fail;
     for (int64_t id = 0; id < V; id++) {
         char *d = t->bytes + t->off[id];
         if (id < 256) {
@@ -588,18 +263,49 @@ static ct_status tokenizer_build(const int32_t *merges, int64_t n_merges, ct_tok
         }
     }
     t->bytes[total] = '\0';
+    for (int b = 0; b < 256; b++)
+        t->byte_id[b] = b;
+    t->special[0] = t->eos;
+    t->n_special = 1;
+    if ((s = ct_tok_index_special(t))) goto fail;
     *out = t;
     return CT_OK;
+fail:
+    ct_tokenizer_free(t);
+    return s;
 }
+
+/* ---- queries ------------------------------------------------------------------------------- */
 
 int64_t ct_tokenizer_vocab_size(const ct_tokenizer *t)
 {
-    return t ? 257 + t->n_merges : 0;
+    return t ? t->vocab : 0;
 }
 
 int32_t ct_tokenizer_eos(const ct_tokenizer *t)
 {
-    return t ? (int32_t)(256 + t->n_merges) : -1;
+    return t ? t->eos : -1;
+}
+
+int32_t ct_tokenizer_bos(const ct_tokenizer *t)
+{
+    return t ? t->bos : -1;
+}
+
+bool ct_tokenizer_add_bos(const ct_tokenizer *t)
+{
+    return t && t->add_bos && t->bos >= 0;
+}
+
+bool ct_tokenizer_add_eos(const ct_tokenizer *t)
+{
+    return t && t->add_eos && t->eos >= 0;
+}
+
+const char *ct_tokenizer_format(const ct_tokenizer *t)
+{
+    if (!t) return "";
+    return t->format == TOK_CTORCH ? "ctorch-bpe" : t->format == TOK_HF ? "hf-bpe" : "gpt2-bpe";
 }
 
 ct_status ct_tokenizer_token_bytes(const ct_tokenizer *t, int32_t id, const char **bytes,
@@ -607,35 +313,166 @@ ct_status ct_tokenizer_token_bytes(const ct_tokenizer *t, int32_t id, const char
 {
     if (!t || !bytes || !len)
         return ct_error(CT_EINVAL, "ct_tokenizer_token_bytes: arguments must not be NULL");
-    if (id < 0 || id >= ct_tokenizer_vocab_size(t))
+    if (id < 0 || id >= t->vocab)
         return ct_error(CT_EINVAL,
                         "ct_tokenizer_token_bytes: id %d is outside the vocabulary [0, %lld)", id,
-                        (long long)ct_tokenizer_vocab_size(t));
+                        (long long)t->vocab);
     *bytes = t->bytes + t->off[id];
     *len = t->off[id + 1] - t->off[id];
     return CT_OK;
 }
 
+ct_status ct_tokenizer_token_id(const ct_tokenizer *t, const char *bytes, size_t len,
+                                int32_t *id)
+{
+    if (!t || !id || (len && !bytes))
+        return ct_error(CT_EINVAL, "ct_tokenizer_token_id: arguments must not be NULL");
+    *id = -1;
+    for (size_t k = 0; k < t->n_special; k++) {
+        int32_t s = t->special[k];
+        if (t->off[s + 1] - t->off[s] == len && !memcmp(t->bytes + t->off[s], bytes, len)) {
+            *id = s;
+            return CT_OK;
+        }
+    }
+    if (t->tok_map) {
+        *id = ct_tok_lookup(t, bytes, len);
+    } else {
+        for (int64_t k = 0; k < t->vocab && *id < 0; k++)
+            if (t->off[k + 1] - t->off[k] == len && !memcmp(t->bytes + t->off[k], bytes, len))
+                *id = (int32_t)k;
+    }
+    if (*id < 0) return ct_error(CT_EINVAL, "ct_tokenizer_token_id: no token has these %zu bytes", len);
+    return CT_OK;
+}
+
+/* ---- encoding ------------------------------------------------------------------------------ */
+
+/* A cache of the tokens of pieces met before in the same call (words repeat: most pieces of a
+ * text are merged once). Slots hold the piece's place in the text and its tokens' place in
+ * the output; it stops taking entries when half full. */
+#define CACHE_SLOTS 65536
+#define CACHE_MAX_PIECE 48
 typedef struct {
-    const ct_tokenizer *t;
+    uint64_t hash;   /* 0: empty */
+    uint32_t at, len; /* the piece: text[at .. at + len) */
+    uint32_t out, n;  /* its tokens: ids[out .. out + n) of the first time it was met */
+} cache_slot;
+
+typedef struct {
     int32_t *ids;
     size_t n, cap;
-    int32_t buf[MAX_PIECE];
+    int32_t *work; /* the heap merge's symbols and links */
+    uint64_t *heap;
+    size_t wcap, heapcap;
+    cache_slot *cache;
+    size_t cached;
 } enc;
 
-static ct_status encode_piece(void *ctx, const unsigned char *p, size_t n)
+static inline ct_status emit(enc *e, int32_t id)
 {
-    enc *e = ctx;
-    const ct_tokenizer *t = e->t;
-    CT_TRY(grow((void **)&e->ids, &e->cap, e->n + (p ? n : 1), sizeof(int32_t)));
-    if (!p) {
-        e->ids[e->n++] = ct_tokenizer_eos(t);
-        return CT_OK;
+    if (e->n == e->cap) CT_TRY(ct_tok_grow((void **)&e->ids, &e->cap, e->n + 1, sizeof(int32_t)));
+    e->ids[e->n++] = id;
+    return CT_OK;
+}
+
+/* Heap entries: rank in the high 32 bits, position in the low: the smallest is the merge of
+ * lowest rank, leftmost among equals (Hugging Face's order). */
+static void heap_up(uint64_t *h, size_t i)
+{
+    while (i && h[i] < h[(i - 1) / 2]) {
+        uint64_t x = h[i];
+        h[i] = h[(i - 1) / 2];
+        h[(i - 1) / 2] = x;
+        i = (i - 1) / 2;
     }
-    int32_t *s = e->buf;
+}
+
+static void heap_down(uint64_t *h, size_t n)
+{
+    size_t i = 0;
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && h[l] < h[m]) m = l;
+        if (r < n && h[r] < h[m]) m = r;
+        if (m == i) return;
+        uint64_t x = h[i];
+        h[i] = h[m];
+        h[m] = x;
+        i = m;
+    }
+}
+
+/* Merge a long piece in O(n log n): symbols in a linked list, candidate merges in a heap,
+ * stale entries skipped when popped. */
+static ct_status merge_long(const ct_tokenizer *t, enc *e, const unsigned char *p, size_t n)
+{
+    CT_TRY(ct_tok_grow((void **)&e->work, &e->wcap, 3 * n, sizeof(int32_t)));
+    int32_t *id = e->work, *prev = id + n, *next = prev + n;
+    ct_status s = CT_OK;
+    size_t hn = 0;
+    for (size_t i = 0; i < n; i++) {
+        id[i] = t->byte_id[p[i]];
+        prev[i] = (int32_t)i - 1;
+        next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
+    }
+    if ((s = ct_tok_grow((void **)&e->heap, &e->heapcap, n + 1, sizeof(uint64_t)))) goto out;
+    for (size_t i = 0; i + 1 < n; i++) {
+        int32_t r = rank_of(t, id[i], id[i + 1]);
+        if (r >= 0) {
+            e->heap[hn] = ((uint64_t)(uint32_t)r << 32) | i;
+            heap_up(e->heap, hn++);
+        }
+    }
+    while (hn) {
+        uint64_t top = e->heap[0];
+        e->heap[0] = e->heap[--hn];
+        heap_down(e->heap, hn);
+        int32_t r = (int32_t)(top >> 32), pos = (int32_t)(uint32_t)top;
+        if (id[pos] < 0 || next[pos] < 0) continue;
+        int32_t q = next[pos];
+        if (rank_of(t, id[pos], id[q]) != r) continue; /* stale */
+        id[pos] = t->merges[3 * r + 2];
+        id[q] = -1;
+        next[pos] = next[q];
+        if (next[q] >= 0) prev[next[q]] = pos;
+        if ((s = ct_tok_grow((void **)&e->heap, &e->heapcap, hn + 2, sizeof(uint64_t)))) goto out;
+        if (prev[pos] >= 0) {
+            int32_t rr = rank_of(t, id[prev[pos]], id[pos]);
+            if (rr >= 0) {
+                e->heap[hn] = ((uint64_t)(uint32_t)rr << 32) | (uint32_t)prev[pos];
+                heap_up(e->heap, hn++);
+            }
+        }
+        if (next[pos] >= 0) {
+            int32_t rr = rank_of(t, id[pos], id[next[pos]]);
+            if (rr >= 0) {
+                e->heap[hn] = ((uint64_t)(uint32_t)rr << 32) | (uint32_t)pos;
+                heap_up(e->heap, hn++);
+            }
+        }
+    }
+    for (int32_t i = 0; i >= 0 && s == CT_OK; i = next[i])
+        s = emit(e, id[i]);
+out:
+    return s;
+}
+
+/* The tokens of one piece: the merge of lowest rank among adjacent pairs, applied to every
+ * occurrence left to right, until none applies (the GPT-2 procedure). */
+static ct_status encode_piece(const ct_tokenizer *t, enc *e, const unsigned char *p, size_t n)
+{
+    if (n == 0) return CT_OK;
+    if (n == 1) return emit(e, t->byte_id[p[0]]);
+    if (t->ignore_merges) {
+        int32_t id = ct_tok_lookup(t, (const char *)p, n);
+        if (id >= 0) return emit(e, id);
+    }
+    if (n > SHORT_PIECE) return merge_long(t, e, p, n);
+    int32_t s[SHORT_PIECE];
     size_t m = n;
     for (size_t i = 0; i < n; i++)
-        s[i] = p[i];
+        s[i] = t->byte_id[p[i]];
     while (m > 1) {
         int32_t best = -1;
         for (size_t i = 0; i + 1 < m; i++) {
@@ -643,7 +480,7 @@ static ct_status encode_piece(void *ctx, const unsigned char *p, size_t n)
             if (r >= 0 && (best < 0 || r < best)) best = r;
         }
         if (best < 0) break;
-        int32_t a = t->merges[2 * best], b = t->merges[2 * best + 1], x = 256 + best;
+        int32_t a = t->merges[3 * best], b = t->merges[3 * best + 1], x = t->merges[3 * best + 2];
         size_t k = 0;
         for (size_t i = 0; i < m; i++) {
             if (i + 1 < m && s[i] == a && s[i + 1] == b) {
@@ -655,9 +492,23 @@ static ct_status encode_piece(void *ctx, const unsigned char *p, size_t n)
         }
         m = k;
     }
+    if (e->n + m > e->cap) CT_TRY(ct_tok_grow((void **)&e->ids, &e->cap, e->n + m, sizeof(int32_t)));
     memcpy(e->ids + e->n, s, m * sizeof(int32_t));
     e->n += m;
     return CT_OK;
+}
+
+/* The special token that starts at s[i] (the longest), or -1. */
+static inline int32_t special_at(const ct_tokenizer *t, const unsigned char *s, size_t len,
+                                 size_t i)
+{
+    uint32_t a = t->special_at[s[i]], b = t->special_at[s[i] + 1];
+    for (uint32_t k = a; k < b; k++) {
+        int32_t id = t->special[k];
+        size_t n = t->off[id + 1] - t->off[id];
+        if (n <= len - i && !memcmp(s + i, t->bytes + t->off[id], n)) return id;
+    }
+    return -1;
 }
 
 ct_status ct_tokenizer_encode(const ct_tokenizer *t, const char *text, size_t len, int32_t **ids,
@@ -665,19 +516,83 @@ ct_status ct_tokenizer_encode(const ct_tokenizer *t, const char *text, size_t le
 {
     if (!t || !ids || !n || (len && !text))
         return ct_error(CT_EINVAL, "ct_tokenizer_encode: arguments must not be NULL");
-    enc *e;
-    CT_TRY(ct_calloc((void **)&e, sizeof *e));
-    e->t = t;
-    ct_status s = grow((void **)&e->ids, &e->cap, len / 2 + 1, sizeof(int32_t));
-    if (s == CT_OK) s = for_each_piece(text, len, encode_piece, e);
-    if (s != CT_OK) {
-        ct_free(e->ids);
-        ct_free(e);
-        return s;
+    const unsigned char *s = (const unsigned char *)text;
+    if (t->nfc) {
+        size_t at = ct_nfc_unstable_at(s, len);
+        if (at < len) {
+            size_t k;
+            uint32_t cp = ct_utf8_at(s, len, at, &k);
+            return ct_error(CT_EUNSUPPORTED,
+                            "ct_tokenizer_encode: this tokenizer normalizes text to NFC, and the "
+                            "text holds U+%04X at byte %zu, which NFC can change or reorder; "
+                            "ctorch does not normalize, so it encodes only text that NFC leaves "
+                            "as it is without such characters",
+                            cp, at);
+        }
     }
-    *ids = e->ids;
-    *n = (int64_t)e->n;
-    ct_free(e);
+    enc e;
+    memset(&e, 0, sizeof e);
+    ct_status st = ct_tok_grow((void **)&e.ids, &e.cap, len / 3 + 16, sizeof(int32_t));
+    if (st == CT_OK && len >= 4096) st = ct_calloc((void **)&e.cache, CACHE_SLOTS * sizeof(cache_slot));
+    size_t i = 0;
+    while (i < len && st == CT_OK) {
+        /* the next special token at or after i ends the segment that pieces are cut from */
+        size_t stop = i;
+        int32_t sp = -1;
+        if (t->n_special) {
+            for (; stop < len; stop++)
+                if (t->special_at[s[stop]] != t->special_at[s[stop] + 1] &&
+                    (sp = special_at(t, s, len, stop)) >= 0)
+                    break;
+        } else {
+            stop = len;
+        }
+        while (i < stop && st == CT_OK) {
+            size_t j = ct_pretok_end(t->pretok, s, stop, i), pn = j - i;
+            cache_slot *slot = NULL;
+            uint64_t h = 0;
+            if (e.cache && pn > 1 && pn <= CACHE_MAX_PIECE && j <= UINT32_MAX) {
+                h = ct_tok_hash_bytes((const char *)s + i, pn) | 1;
+                size_t k = h & (CACHE_SLOTS - 1);
+                while (e.cache[k].hash && !(e.cache[k].hash == h && e.cache[k].len == pn &&
+                                            !memcmp(s + e.cache[k].at, s + i, pn)))
+                    k = (k + 1) & (CACHE_SLOTS - 1);
+                slot = &e.cache[k];
+                if (slot->hash) { /* met before: copy its tokens */
+                    size_t m = slot->n;
+                    if (e.n + m > e.cap &&
+                        (st = ct_tok_grow((void **)&e.ids, &e.cap, e.n + m, sizeof(int32_t))))
+                        break;
+                    memcpy(e.ids + e.n, e.ids + slot->out, m * sizeof(int32_t));
+                    e.n += m;
+                    i = j;
+                    continue;
+                }
+                if (2 * e.cached >= CACHE_SLOTS || e.n > UINT32_MAX / 2) slot = NULL;
+            }
+            size_t before = e.n;
+            st = encode_piece(t, &e, s + i, pn);
+            if (slot && st == CT_OK) {
+                *slot = (cache_slot){h, (uint32_t)i,
+                                     (uint32_t)pn, (uint32_t)before, (uint32_t)(e.n - before)};
+                e.cached++;
+            }
+            i = j;
+        }
+        if (sp >= 0 && st == CT_OK) {
+            st = emit(&e, sp);
+            i = stop + (t->off[sp + 1] - t->off[sp]);
+        }
+    }
+    ct_free(e.work);
+    ct_free(e.heap);
+    ct_free(e.cache);
+    if (st != CT_OK) {
+        ct_free(e.ids);
+        return st;
+    }
+    *ids = e.ids;
+    *n = (int64_t)e.n;
     return CT_OK;
 }
 
@@ -686,7 +601,7 @@ ct_status ct_tokenizer_decode(const ct_tokenizer *t, const int32_t *ids, int64_t
 {
     if (!t || !text || (n && !ids) || n < 0)
         return ct_error(CT_EINVAL, "ct_tokenizer_decode: bad arguments (NULL pointer or n < 0)");
-    int64_t V = ct_tokenizer_vocab_size(t);
+    int64_t V = t->vocab;
     size_t total = 0;
     for (int64_t i = 0; i < n; i++) {
         if (ids[i] < 0 || ids[i] >= V)
@@ -694,7 +609,10 @@ ct_status ct_tokenizer_decode(const ct_tokenizer *t, const int32_t *ids, int64_t
                             "ct_tokenizer_decode: ids[%lld] = %d is outside the vocabulary "
                             "[0, %lld)",
                             (long long)i, ids[i], (long long)V);
-        total += t->off[ids[i] + 1] - t->off[ids[i]];
+        size_t k = t->off[ids[i] + 1] - t->off[ids[i]];
+        if (total > SIZE_MAX - 1 - k)
+            return ct_error(CT_ENOMEM, "ct_tokenizer_decode: the text would be too large");
+        total += k;
     }
     char *out;
     CT_TRY(ct_alloc((void **)&out, total + 1));
@@ -715,12 +633,18 @@ ct_status ct_tokenizer_decode(const ct_tokenizer *t, const int32_t *ids, int64_t
 ct_status ct_tokenizer_to_json(const ct_tokenizer *t, char **json)
 {
     if (!t || !json) return ct_error(CT_EINVAL, "ct_tokenizer_to_json: arguments must not be NULL");
+    if (t->json) {
+        size_t n = strlen(t->json);
+        CT_TRY(ct_alloc((void **)json, n + 1));
+        memcpy(*json, t->json, n + 1);
+        return CT_OK;
+    }
     json_t *m = json_array();
     for (int64_t i = 0; i < t->n_merges; i++)
-        json_array_append_new(m, json_pack("[ii]", t->merges[2 * i], t->merges[2 * i + 1]));
+        json_array_append_new(m, json_pack("[ii]", t->merges[3 * i], t->merges[3 * i + 1]));
     json_t *j = json_pack("{s:s, s:i, s:I, s:s, s:o}", "format", "ctorch-bpe", "version", 1,
-                          "vocab_size", (json_int_t)ct_tokenizer_vocab_size(t), "eos",
-                          CT_TOKENIZER_EOS_TEXT, "merges", m);
+                          "vocab_size", (json_int_t)t->vocab, "eos", CT_TOKENIZER_EOS_TEXT,
+                          "merges", m);
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     if (!s) return ct_error(CT_ENOMEM, "ct_tokenizer_to_json: out of memory");
@@ -731,14 +655,8 @@ ct_status ct_tokenizer_to_json(const ct_tokenizer *t, char **json)
     return st;
 }
 
-ct_status ct_tokenizer_from_json(const char *text, size_t len, ct_tokenizer **out)
+static ct_status from_ctorch_json(json_t *j, ct_tokenizer **out)
 {
-    if (!out || !text)
-        return ct_error(CT_EINVAL, "ct_tokenizer_from_json: arguments must not be NULL");
-    *out = NULL;
-    json_error_t err;
-    json_t *j = json_loadb(text, len, 0, &err);
-    if (!j) return ct_error(CT_EFORMAT, "tokenizer: not JSON (line %d: %s)", err.line, err.text);
     ct_status s = CT_OK;
     const char *fmt = json_string_value(json_object_get(j, "format"));
     json_t *m = json_object_get(j, "merges"), *vs = json_object_get(j, "vocab_size");
@@ -773,9 +691,33 @@ ct_status ct_tokenizer_from_json(const char *text, size_t len, ct_tokenizer **ou
             merges[2 * i + 1] = (int32_t)json_integer_value(b);
         }
     }
-    json_decref(j);
-    if (s == CT_OK) s = tokenizer_build(merges, (int64_t)nm, out);
+    if (s == CT_OK) s = ct_tok_build_ctorch(merges, (int64_t)nm, out);
     ct_free(merges);
+    return s;
+}
+
+ct_status ct_tokenizer_from_json(const char *text, size_t len, ct_tokenizer **out)
+{
+    if (!out || !text)
+        return ct_error(CT_EINVAL, "ct_tokenizer_from_json: arguments must not be NULL");
+    *out = NULL;
+    if (len > CT_TOKENIZER_MAX_FILE_BYTES)
+        return ct_error(CT_EFORMAT, "tokenizer: %zu bytes of JSON, more than the %d MiB allowed",
+                        len, CT_TOKENIZER_MAX_FILE_BYTES >> 20);
+    json_error_t err;
+    json_t *j = json_loadb(text, len, 0, &err);
+    if (!j) return ct_error(CT_EFORMAT, "tokenizer: not JSON (line %d: %s)", err.line, err.text);
+    ct_status s;
+    if (json_is_object(j) && json_object_get(j, "format"))
+        s = from_ctorch_json(j, out);
+    else if (json_is_object(j) && json_object_get(j, "model"))
+        s = ct_tok_from_hf_json(j, text, len, NULL, "tokenizer.json", out);
+    else
+        s = ct_error(CT_EFORMAT,
+                     "tokenizer: JSON with neither \"format\" (ctorch-bpe) nor \"model\" "
+                     "(Hugging Face tokenizer.json); GPT-2's encoder.json needs its vocab.bpe: "
+                     "load their folder");
+    json_decref(j);
     return s;
 }
 
@@ -855,26 +797,158 @@ ct_status ct_tokenizer_save(const ct_tokenizer *t, const char *path)
     return s;
 }
 
+ct_status ct_tok_read_file(const char *path, char **buf, size_t *len)
+{
+    *buf = NULL;
+    *len = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ct_error(CT_EIO, "tokenizer: cannot open '%s': %s", path, strerror(errno));
+    struct stat st;
+    ct_status s = CT_OK;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        s = ct_error(CT_EIO, "tokenizer: '%s' is not a regular file", path);
+    else if (st.st_size > CT_TOKENIZER_MAX_FILE_BYTES)
+        s = ct_error(CT_EFORMAT, "tokenizer: '%s' has %lld bytes, more than the %d MiB allowed",
+                     path, (long long)st.st_size, CT_TOKENIZER_MAX_FILE_BYTES >> 20);
+    else
+        s = ct_alloc((void **)buf, (size_t)st.st_size + 1);
+    size_t n = 0;
+    while (s == CT_OK && n < (size_t)st.st_size) {
+        ssize_t r = read(fd, *buf + n, (size_t)st.st_size - n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) s = ct_error(CT_EIO, "tokenizer: read '%s': %s", path, strerror(errno));
+        if (r <= 0) break;
+        n += (size_t)r;
+    }
+    close(fd);
+    if (s != CT_OK) {
+        ct_free(*buf);
+        *buf = NULL;
+        return s;
+    }
+    (*buf)[n] = '\0';
+    *len = n;
+    return CT_OK;
+}
+
+static bool is_file(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* "DIR/name" into a new string. */
+static ct_status join(const char *dir, const char *name, char **out)
+{
+    size_t n = strlen(dir) + strlen(name) + 2;
+    CT_TRY(ct_alloc((void **)out, n));
+    snprintf(*out, n, "%s/%s", dir, name);
+    return CT_OK;
+}
+
+/* The folder part of a file path ("." when there is none). */
+static ct_status dir_of(const char *path, char **out)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash) return join(".", "", out) == CT_OK ? ((*out)[1] = '\0', CT_OK) : CT_ENOMEM;
+    size_t n = slash == path ? 1 : (size_t)(slash - path);
+    CT_TRY(ct_alloc((void **)out, n + 1));
+    memcpy(*out, path, n);
+    (*out)[n] = '\0';
+    return CT_OK;
+}
+
+static ct_status load_hf_file(const char *path, const char *dir, ct_tokenizer **out)
+{
+    char *buf = NULL, *cfg = NULL, *cpath = NULL;
+    size_t n = 0, cn = 0;
+    CT_TRY(ct_tok_read_file(path, &buf, &n));
+    ct_status s = join(dir, "tokenizer_config.json", &cpath);
+    if (s == CT_OK && is_file(cpath)) s = ct_tok_read_file(cpath, &cfg, &cn);
+    if (s == CT_OK) {
+        json_error_t err;
+        json_t *j = json_loadb(buf, n, 0, &err);
+        if (!j)
+            s = ct_error(CT_EFORMAT, "tokenizer: '%s' is not JSON (line %d: %s)", path, err.line,
+                         err.text);
+        else if (json_is_object(j) && json_object_get(j, "format"))
+            s = from_ctorch_json(j, out);
+        else if (json_is_object(j) && json_object_get(j, "model"))
+            s = ct_tok_from_hf_json(j, buf, n, cfg, path, out);
+        else
+            s = ct_error(CT_EFORMAT,
+                         "tokenizer: '%s' has neither \"format\" (ctorch-bpe) nor \"model\" "
+                         "(Hugging Face tokenizer.json)",
+                         path);
+        json_decref(j);
+    }
+    ct_free(buf);
+    ct_free(cfg);
+    ct_free(cpath);
+    return s;
+}
+
+static ct_status load_gpt2(const char *enc_path, const char *bpe_path, ct_tokenizer **out)
+{
+    char *e = NULL, *b = NULL;
+    size_t en = 0, bn = 0;
+    ct_status s = ct_tok_read_file(enc_path, &e, &en);
+    if (s == CT_OK) s = ct_tok_read_file(bpe_path, &b, &bn);
+    if (s == CT_OK) s = ct_tokenizer_from_gpt2(e, en, b, bn, out);
+    ct_free(e);
+    ct_free(b);
+    return s;
+}
+
 ct_status ct_tokenizer_load(const char *path, ct_tokenizer **out)
 {
     if (!path || !out) return ct_error(CT_EINVAL, "ct_tokenizer_load: arguments must not be NULL");
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    struct stat st;
+    if (stat(path, &st) != 0)
         return ct_error(CT_EIO, "ct_tokenizer_load: cannot open '%s': %s", path, strerror(errno));
-    char *buf = NULL;
-    size_t cap = 0, n = 0;
-    ct_status s = CT_OK;
-    for (;;) {
-        if ((s = grow((void **)&buf, &cap, n + 65536, 1))) break;
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0) break;
+    char *a = NULL, *b = NULL, *dir = NULL;
+    ct_status s;
+    if (S_ISDIR(st.st_mode)) {
+        if ((s = join(path, "tokenizer.json", &a))) goto done;
+        if (is_file(a)) {
+            s = load_hf_file(a, path, out);
+            goto done;
+        }
+        ct_free(a);
+        a = NULL;
+        if ((s = join(path, "encoder.json", &a)) || (s = join(path, "vocab.bpe", &b))) goto done;
+        if (is_file(a) && is_file(b))
+            s = load_gpt2(a, b, out);
+        else
+            s = ct_error(CT_EIO,
+                         "ct_tokenizer_load: folder '%s' holds neither tokenizer.json nor "
+                         "encoder.json + vocab.bpe",
+                         path);
+        goto done;
     }
-    if (s == CT_OK && ferror(f))
-        s = ct_error(CT_EIO, "ct_tokenizer_load: read '%s': %s", path, strerror(errno));
-    fclose(f);
-    if (s == CT_OK) s = ct_tokenizer_from_json(buf, n, out);
-    ct_free(buf);
+    if (!S_ISREG(st.st_mode)) {
+        s = ct_error(CT_EIO, "ct_tokenizer_load: '%s' is neither a file nor a folder", path);
+        goto done;
+    }
+    if ((s = dir_of(path, &dir))) goto done;
+    /* GPT-2's pair: either file names its partner in the same folder */
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    bool is_bpe = strlen(base) >= 4 && !strcmp(base + strlen(base) - 4, ".bpe");
+    if (is_bpe || !strcmp(base, "encoder.json")) {
+        if ((s = join(dir, is_bpe ? "encoder.json" : "vocab.bpe", &a))) goto done;
+        if (!is_file(a)) {
+            s = ct_error(CT_EIO, "ct_tokenizer_load: '%s' is half of GPT-2's pair; '%s' is missing",
+                         path, a);
+            goto done;
+        }
+        s = is_bpe ? load_gpt2(a, path, out) : load_gpt2(path, a, out);
+        goto done;
+    }
+    s = load_hf_file(path, dir, out);
+done:
+    ct_free(a);
+    ct_free(b);
+    ct_free(dir);
     return s;
 }

@@ -1,6 +1,7 @@
 /* The byte-level BPE tokenizer: the merge rule on a worked example, round trips of any bytes,
  * pieces never merged across, determinism, files, EOS, bad files; the UTF-8 validator. */
 #include "test_util.h"
+#include "model/tokenizer_internal.h"
 
 #include <dirent.h>
 #include <stdlib.h>
@@ -290,6 +291,143 @@ static void test_eos_and_save(void)
     ct_tokenizer_free(t);
 }
 
+/* A small byte-level tokenizer.json: the 256 byte tokens (id = byte), then "he", "ll", "llo",
+ * " w" (written "\u0120w"), and the added token "<s>". */
+static json_t *hf_small(void)
+{
+    json_t *vocab = json_object();
+    for (int b = 0; b < 256; b++) {
+        uint32_t cp = ct_byte_char(b); /* < U+0800: one or two UTF-8 bytes */
+        char u[3] = {(char)cp, 0, 0};
+        if (cp >= 0x80) u[0] = (char)(0xC0 | (cp >> 6)), u[1] = (char)(0x80 | (cp & 0x3F));
+        json_object_set_new(vocab, u, json_integer(b));
+    }
+    json_object_set_new(vocab, "he", json_integer(256));
+    json_object_set_new(vocab, "ll", json_integer(257));
+    json_object_set_new(vocab, "llo", json_integer(258));
+    json_object_set_new(vocab, "\u0120w", json_integer(259));
+    return json_pack("{s:[{s:i, s:s, s:b}], s:n, s:{s:s, s:b}, s:{s:s}, s:{s:s, s:o, s:[s, s, [s, s], s]}}",
+                     "added_tokens", "id", 260, "content", "<s>", "special", 1, "normalizer",
+                     "pre_tokenizer", "type", "ByteLevel", "add_prefix_space", 0, "decoder",
+                     "type", "ByteLevel", "model", "type", "BPE", "vocab", vocab, "merges", "h e",
+                     "l l", "ll", "o", "\u0120 w");
+}
+
+static ct_status hf_load(json_t *j, ct_tokenizer **t)
+{
+    char *text = json_dumps(j, JSON_COMPACT);
+    ct_status s = ct_tokenizer_from_json(text, strlen(text), t);
+    free(text);
+    json_decref(j);
+    return s;
+}
+
+static void test_hf_files(void)
+{
+    ct_tokenizer *t = NULL;
+    CHECK_OK(hf_load(hf_small(), &t));
+    CHECK(!strcmp(ct_tokenizer_format(t), "hf-bpe") && ct_tokenizer_vocab_size(t) == 261);
+    int32_t *ids;
+    int64_t n;
+    const char *text = "hello world<s>hell";
+    CHECK_OK(ct_tokenizer_encode(t, text, strlen(text), &ids, &n));
+    int32_t want[] = {256, 258, 259, 'o', 'r', 'l', 'd', 260, 256, 257};
+    CHECK(n == 10 && !memcmp(ids, want, sizeof want));
+    ct_free(ids);
+    round_trip(t, text, strlen(text));
+    char junk[2000];
+    for (size_t i = 0; i < sizeof junk; i++)
+        junk[i] = (char)(t_next() & 0xFF);
+    round_trip(t, junk, sizeof junk); /* any bytes, long pieces through the heap merge */
+    memset(junk, 'l', sizeof junk);
+    CHECK_OK(ct_tokenizer_encode(t, junk, sizeof junk, &ids, &n));
+    CHECK(n == (int64_t)sizeof junk / 2 && ids[0] == 257 && ids[n - 1] == 257);
+    ct_free(ids);
+    int32_t id;
+    CHECK_OK(ct_tokenizer_token_id(t, "<s>", 3, &id));
+    CHECK(id == 260 && ct_tokenizer_bos(t) == -1);
+    ct_tokenizer_free(t);
+
+    /* each rule broken once: the status and a message naming it */
+    struct {
+        const char *what, *path, *value, *needle;
+        ct_status want;
+    } bad[] = {
+        {"model type", "model.type", "\"WordPiece\"", "WordPiece", CT_EUNSUPPORTED},
+        {"unknown regex", "pre_tokenizer",
+         "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":"
+         "{\"Regex\":\"\\\\w+\"},\"behavior\":\"Isolated\",\"invert\":false},"
+         "{\"type\":\"ByteLevel\",\"use_regex\":false}]}",
+         "split regex", CT_EUNSUPPORTED},
+        {"normalizer", "normalizer", "{\"type\":\"Lowercase\"}", "Lowercase", CT_EUNSUPPORTED},
+        {"prefix space", "pre_tokenizer", "{\"type\":\"ByteLevel\",\"add_prefix_space\":true}",
+         "add_prefix_space", CT_EUNSUPPORTED},
+        {"lstrip", "added_tokens",
+         "[{\"id\":260,\"content\":\"<s>\",\"lstrip\":true}]", "strips", CT_EUNSUPPORTED},
+        {"id gap", "added_tokens", "[{\"id\":262,\"content\":\"<s>\"}]", "no token has id 260",
+         CT_EFORMAT},
+        {"two added on one id", "added_tokens",
+         "[{\"id\":260,\"content\":\"<s>\"},{\"id\":260,\"content\":\"<t>\"}]", "two added",
+         CT_EFORMAT},
+        {"huge id", "added_tokens", "[{\"id\":99999999,\"content\":\"<s>\"}]", "2^21", CT_EFORMAT},
+        {"empty added", "added_tokens", "[{\"id\":260,\"content\":\"\"}]", "bytes", CT_EFORMAT},
+        {"merge result", "model.merges", "[\"h l\"]", "the result", CT_EFORMAT},
+        {"merge part", "model.merges", "[\"hx e\"]", "the first part", CT_EFORMAT},
+        {"merge form", "model.merges", "[\"h e l\"]", "must be", CT_EFORMAT},
+        {"merge repeated", "model.merges", "[\"h e\", [\"h\", \"e\"]]", "repeats", CT_EFORMAT},
+        {"no vocab", "model.vocab", "[]", "vocab", CT_EFORMAT},
+        {"byte missing", "model.vocab.A", "300", "no token has id 65", CT_EFORMAT},
+        {"decoder", "decoder", "{\"type\":\"WordPiece\"}", "decoder", CT_EUNSUPPORTED},
+        {"template", "post_processor", "{\"type\":\"BertProcessing\"}", "BertProcessing",
+         CT_EUNSUPPORTED},
+        {"byte fallback", "model.byte_fallback", "true", "byte_fallback", CT_EUNSUPPORTED},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        json_t *j = hf_small(), *o = j;
+        char path[64];
+        snprintf(path, sizeof path, "%s", bad[k].path);
+        char *key = path, *dot;
+        while ((dot = strchr(key, '.'))) {
+            *dot = '\0';
+            o = json_object_get(o, key);
+            key = dot + 1;
+        }
+        json_object_set_new(o, key, json_loads(bad[k].value, JSON_DECODE_ANY, NULL));
+        t = NULL;
+        CHECK_STATUS(hf_load(j, &t), bad[k].want);
+        CHECK(t == NULL);
+        if (!strstr(ct_last_error(), bad[k].needle))
+            fprintf(stderr, "%s: message '%s' lacks '%s'\n", bad[k].what, ct_last_error(),
+                    bad[k].needle);
+        CHECK(strstr(ct_last_error(), bad[k].needle) != NULL);
+    }
+    /* a token past the length bound */
+    json_t *j = hf_small();
+    char *longtok = malloc(5000);
+    memset(longtok, 'a', 4999);
+    longtok[4999] = '\0';
+    json_object_set_new(json_object_get(json_object_get(j, "model"), "vocab"), longtok,
+                        json_integer(261));
+    free(longtok);
+    CHECK_STATUS(hf_load(j, &t), CT_EFORMAT);
+    /* NFC: text NFC leaves alone encodes; text it could change is refused by byte */
+    j = hf_small();
+    json_object_set_new(j, "normalizer", json_pack("{s:s}", "type", "NFC"));
+    CHECK_OK(hf_load(j, &t));
+    const char *ok = "caf\xc3\xa9 \xe6\x97\xa5", *no = "cafe\xcc\x81";
+    CHECK_OK(ct_tokenizer_encode(t, ok, strlen(ok), &ids, &n));
+    ct_free(ids);
+    CHECK_STATUS(ct_tokenizer_encode(t, no, strlen(no), &ids, &n), CT_EUNSUPPORTED);
+    CHECK(strstr(ct_last_error(), "U+0301 at byte 4") != NULL);
+    ct_tokenizer_free(t);
+    /* a JSON that is neither format */
+    CHECK_STATUS(ct_tokenizer_from_json("{\"a\": 1}", 8, &t), CT_EFORMAT);
+    /* GPT-2's pair from memory */
+    const char *enc = "{\"a\": 0, \"b\": 1}", *bpe = "#version: 0.2\na b\n";
+    CHECK_STATUS(ct_tokenizer_from_gpt2(enc, strlen(enc), bpe, strlen(bpe), &t), CT_EFORMAT);
+    CHECK(strstr(ct_last_error(), "no token for byte 0x00") != NULL);
+}
+
 static void test_utf8(void)
 {
     size_t off = 99;
@@ -317,5 +455,6 @@ int main(void)
     test_utf8();
     test_hostile_lengths();
     test_eos_and_save();
+    test_hf_files();
     return t_report("test_model_tokenizer");
 }

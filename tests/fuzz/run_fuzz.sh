@@ -39,6 +39,9 @@ for t in "${TARGETS[@]}"; do
   if [ "$t" = fuzz_jit_expr ]; then  # the expression language: text seeds made by a script
     seeds="$BUILD/fuzz-seeds/jit_expr"
     /usr/bin/python3 tests/fuzz/make_corpus_jit.py "$seeds"
+  elif [ "$t" = fuzz_tokenizer ]; then  # tokenizer files of every format, made by a script
+    seeds="$BUILD/fuzz-seeds/tokenizer"
+    /usr/bin/python3 tests/fuzz/make_corpus_tokenizer.py "$seeds"
   fi
   if [ "$t" = fuzz_checkpoint ]; then  # checkpoints and hostile variants, written by a script
     seeds="$BUILD/fuzz-seeds/checkpoint"
