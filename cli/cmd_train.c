@@ -44,6 +44,17 @@ static void usage(FILE *f)
         "                       one is trained on FILE and saved as OUT/tokenizer.json\n"
         "  --eval-fraction F    held-out share of --data (0.05)\n"
         "  --no-doc-mask        let attention cross document (EOS) boundaries\n"
+        "\nfine-tuning (docs/models.md):\n"
+        "  --init-from DIR|FILE start from a Hugging Face Llama-family directory or a ctorch\n"
+        "                       checkpoint (its weights; fresh optimizer): the model comes from\n"
+        "                       it (no model options), --data is tokenized with its tokenizer\n"
+        "                       (DIR/tokenizer.json, the checkpoint's, or --tokenizer); OUT gets\n"
+        "                       the layout it came from (config.json + model.safetensors or the\n"
+        "                       same shards) besides checkpoint.safetensors (exact --resume)\n"
+        "  --lora-rank R        train only LoRA adapters of rank R; OUT gets PEFT's\n"
+        "                       adapter_config.json + adapter_model.safetensors\n"
+        "  --lora-alpha A       LoRA alpha (8; the update is scaled by A / R)\n"
+        "  --lora-targets LIST  comma-separated q,k,v,o,gate,up,down (q,v)\n"
         "\nmodel (or --config FILE.json with the keys of the checkpoint's \"config\"):\n"
         "  --layers N (%lld)  --d-model C (%lld)  --heads H (%lld)  --kv-heads K (%lld)  --ffn F "
         "(%lld)\n"
@@ -99,6 +110,11 @@ typedef struct run {
     ct_train_options to;
     ct_corpus_options co;
     const char *data_path, *tok_path, *out, *resume, *dump, *config_path;
+    const char *init_from;  /* --init-from: a HF directory or a ctorch checkpoint */
+    const char *model_flag; /* first model option given (refused with --init-from) */
+    ct_hf_model *hf;        /* the --init-from directory (kept open for saving its layout) */
+    bool lora_on;
+    ct_lora_options lora;
     long long text_vocab, stop_at, eval_every, save_every, log_every, threads;
     double eval_fraction;
     bool quiet, no_doc_mask, resuming;
@@ -159,6 +175,7 @@ static int parse(run *r, int argc, char **argv)
     r->save_every = 0;
     r->log_every = -1;
     r->prefetch = 1;
+    r->lora = ct_lora_options_default();
     bool bad = false;
     ct_gpt_config *c = &r->cfg;
     ct_train_options *t = &r->to;
@@ -168,6 +185,12 @@ static int parse(run *r, int argc, char **argv)
         const char *v, *a = argv[i];
         bool setting = true; /* a model, data or training setting */
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
+        static const char *model_opts[] = {"--config", "--layers", "--d-model", "--heads",
+                                           "--kv-heads", "--ffn",  "--context", "--window",
+                                           "--rope-base", "--untied", "--init-std", "--vocab",
+                                           "--score-mod", "--mask-mod"};
+        for (size_t k = 0; k < sizeof model_opts / sizeof model_opts[0] && !r->model_flag; k++)
+            if (!strcmp(a, model_opts[k])) r->model_flag = a;
         if (int_opt(argc, argv, &i, "--corpus-seed", 0, LLONG_MAX, &x, &bad))
             r->co.seed = (uint64_t)x;
         else if (int_opt(argc, argv, &i, "--vocab", 2, 1 << 20, &x, &bad))
@@ -183,6 +206,19 @@ static int parse(run *r, int argc, char **argv)
             r->data_path = v;
         else if (cli_opt(argc, argv, &i, "--tokenizer", &v))
             r->tok_path = v;
+        else if (cli_opt(argc, argv, &i, "--init-from", &v))
+            r->init_from = v;
+        else if (int_opt(argc, argv, &i, "--lora-rank", 1, 4096, &x, &bad))
+            r->lora.rank = x, r->lora_on = true;
+        else if (float_opt(argc, argv, &i, "--lora-alpha", 1e-6, 1e6, &d, &bad))
+            r->lora.alpha = (float)d;
+        else if (cli_opt(argc, argv, &i, "--lora-targets", &v)) {
+            ct_status ls = ct_lora_targets_parse(v, &r->lora.targets);
+            if (ls) {
+                fprintf(stderr, "ctorch: --lora-targets: %s\n", ct_last_error());
+                bad = true;
+            }
+        }
         else if (float_opt(argc, argv, &i, "--eval-fraction", 0.001, 0.5, &r->eval_fraction,
                            &bad)) {
         } else if (!strcmp(a, "--no-doc-mask"))
@@ -314,6 +350,28 @@ static int parse(run *r, int argc, char **argv)
     if (c->mask_mod[0] && c->window) {
         fprintf(stderr, "ctorch train: --mask-mod is exclusive with --window (write the window "
                         "into the mask: q - kv <= W)\n");
+        return 2;
+    }
+    if (r->init_from && r->model_flag) {
+        fprintf(stderr,
+                "ctorch train: --init-from takes the model from %s; drop %s\n", r->init_from,
+                r->model_flag);
+        return 2;
+    }
+    if (r->init_from && !r->data_path && !r->resuming) {
+        fprintf(stderr, "ctorch train: --init-from needs --data FILE.txt\n");
+        return 2;
+    }
+    if (r->lora_on && !r->init_from) {
+        fprintf(stderr, "ctorch train: --lora-rank needs --init-from (adapters on a model)\n");
+        return 2;
+    }
+    if (r->init_from && r->dist) {
+        fprintf(stderr, "ctorch train: --init-from does not combine with --fsdp / --dp yet\n");
+        return 2;
+    }
+    if (r->lora_on && r->dump) {
+        fprintf(stderr, "ctorch train: --dump-grads does not apply to --lora-rank runs\n");
         return 2;
     }
     if (r->resuming && r->settings_flag) {
@@ -551,6 +609,18 @@ static int settings_from_checkpoint(run *r, const char *path, uint64_t *sum, int
         rc = 1;
         goto done;
     }
+    const char *init = ct_tensor_file_metadata_get(f, "init_from");
+    if (init) { /* a fine-tuning run: its source again, for the layout it saves */
+        static char init_buf[4096];
+        snprintf(init_buf, sizeof init_buf, "%s", init);
+        r->init_from = init_buf;
+        bool has = false;
+        if ((s = ct_lora_checkpoint_options(f, &r->lora, &has))) {
+            rc = cli_fail("train: --resume", s);
+            goto done;
+        }
+        r->lora_on = has;
+    }
     const char *kind = json_string_value(json_object_get(d, "kind"));
     if (kind && !strcmp(kind, "builtin")) {
         r->co.seed = (uint64_t)json_integer_value(json_object_get(d, "seed"));
@@ -616,6 +686,12 @@ static int dump_grads(run *r)
     if (r->resuming) { /* the checkpoint's weights */
         ct_tensor_file *f;
         if (!(s = ct_load(r->resume, NULL, &f))) s = ct_gpt_load_params(m, f);
+        ct_tensor_file_close(f);
+    } else if (r->hf) {
+        s = ct_hf_load_params(r->hf, m);
+    } else if (r->init_from) {
+        ct_tensor_file *f;
+        if (!(s = ct_load(r->init_from, NULL, &f))) s = ct_gpt_load_params(m, f);
         ct_tensor_file_close(f);
     } else {
         s = ct_gpt_init(m, r->to.seed);
@@ -829,12 +905,74 @@ static double progress_to_floor(const run *r, double loss)
 
 /* ---- the run ------------------------------------------------------------------------------- */
 
+/* Copy the tokenizer and generation files of a HF directory into OUT (atomically each), so
+ * OUT is a complete model directory. */
+static int copy_side_files(const run *r)
+{
+    static const char *files[] = {"tokenizer.json", "tokenizer_config.json",
+                                  "special_tokens_map.json", "generation_config.json"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char src[4200], dst[4200], tmp[4300];
+        snprintf(src, sizeof src, "%s/%s", r->init_from, files[i]);
+        snprintf(dst, sizeof dst, "%s/%s", r->out, files[i]);
+        char *data;
+        size_t len;
+        FILE *f = fopen(src, "rb");
+        if (!f) continue;
+        fclose(f);
+        if (read_file(src, &data, &len)) return 1;
+        snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dst, (long)getpid());
+        FILE *o = fopen(tmp, "wb");
+        bool ok = o && fwrite(data, 1, len, o) == len;
+        if (o) ok = fclose(o) == 0 && ok;
+        free(data);
+        if (!ok || rename(tmp, dst)) {
+            remove(tmp);
+            fprintf(stderr, "ctorch train: cannot write '%s': %s\n", dst, strerror(errno));
+            return 1;
+        }
+    }
+    return 0;
+}
+
 static int save(const run *r, ct_trainer *t)
 {
-    const char *keys[3] = {"data", "tokenizer", NULL};
-    const char *vals[3] = {r->data_json, r->tok_json, NULL};
-    ct_status s = ct_trainer_save(t, r->ckpt, r->tok_json ? 2 : 1, keys, vals);
+    const char *keys[4] = {"data", "tokenizer", NULL, NULL};
+    const char *vals[4] = {r->data_json, r->tok_json, NULL, NULL};
+    size_t n = r->tok_json ? 2 : 1;
+    if (r->init_from) keys[n] = "init_from", vals[n++] = r->init_from;
+    ct_status s = ct_trainer_save(t, r->ckpt, n, keys, vals);
     if (s) return cli_fail("train: saving the checkpoint", s);
+    if (r->lora_on) { /* PEFT's adapter layout */
+        if ((s = ct_lora_save(ct_trainer_lora(t), r->out, r->init_from)))
+            return cli_fail("train: saving the LoRA adapter", s);
+    } else if (r->hf) { /* the layout it came from */
+        if ((s = ct_hf_save(ct_trainer_model(t), r->hf, r->out, NULL)))
+            return cli_fail("train: saving the Hugging Face directory", s);
+        if (copy_side_files(r)) return 1;
+    }
+    return 0;
+}
+
+/* The --init-from weights into the trainer's model (a fresh run), then the adapters. */
+static int init_weights(run *r, ct_trainer *t)
+{
+    ct_gpt *m = ct_trainer_model(t);
+    ct_status s = CT_OK;
+    if (!r->resuming) {
+        if (r->hf) {
+            s = ct_hf_load_params(r->hf, m);
+        } else {
+            ct_tensor_file *f;
+            if (!(s = ct_load(r->init_from, NULL, &f))) {
+                s = ct_gpt_load_params(m, f);
+                ct_tensor_file_close(f);
+            }
+        }
+        if (s) return cli_fail("train: --init-from", s);
+    }
+    if (r->lora_on && (s = ct_trainer_enable_lora(t, &r->lora)))
+        return cli_fail("train: --lora-rank", s);
     return 0;
 }
 
@@ -844,6 +982,10 @@ static int train_loop(run *r)
     ct_status s = ct_trainer_create(&r->cfg, &r->to, r->train, r->n_train, r->eval, r->n_eval, &t);
     if (s) return cli_fail("train", s);
     ct_gpt *m = ct_trainer_model(t);
+    if (r->init_from && init_weights(r, t)) {
+        ct_trainer_free(t);
+        return 1;
+    }
     if (r->resuming) {
         if ((s = ct_trainer_load(t, r->resume))) {
             ct_trainer_free(t);
@@ -1413,6 +1555,51 @@ static void run_free(run *r)
     ct_tokenizer_free(r->tok);
     free(r->data_json);
     free(r->tok_json);
+    ct_hf_close(r->hf);
+}
+
+/* --init-from: the model's configuration and tokenizer from a HF directory or a ctorch
+ * checkpoint (the weights are read into the trainer later). */
+static int init_source(run *r)
+{
+    struct stat st;
+    if (stat(r->init_from, &st)) {
+        fprintf(stderr, "ctorch train: --init-from: cannot open '%s': %s\n", r->init_from,
+                strerror(errno));
+        return 1;
+    }
+    ct_status s;
+    ct_gpt_config cfg;
+    const char *tj = NULL;
+    ct_tensor_file *f = NULL;
+    if (S_ISDIR(st.st_mode)) {
+        if ((s = ct_hf_open(r->init_from, &r->hf))) return cli_fail("train: --init-from", s);
+        cfg = *ct_hf_get_config(r->hf);
+    } else {
+        if ((s = ct_load(r->init_from, NULL, &f)) || (s = ct_gpt_checkpoint_config(f, &cfg))) {
+            ct_tensor_file_close(f);
+            return cli_fail("train: --init-from", s);
+        }
+        tj = ct_tensor_file_metadata_get(f, "tokenizer");
+    }
+    if (!r->resuming) r->cfg = cfg;
+    int rc = 0;
+    if (!r->tok && !r->tok_path) { /* the model's own tokenizer */
+        if (r->hf) {
+            char tp[4200];
+            snprintf(tp, sizeof tp, "%s/tokenizer.json", r->init_from);
+            if ((s = ct_tokenizer_load(tp, &r->tok))) rc = cli_fail("train: --init-from tokenizer", s);
+        } else if (tj) {
+            if ((s = ct_tokenizer_from_json(tj, strlen(tj), &r->tok)))
+                rc = cli_fail("train: --init-from tokenizer", s);
+        } else {
+            fprintf(stderr, "ctorch train: --init-from: '%s' carries no tokenizer; give --tokenizer\n",
+                    r->init_from);
+            rc = 1;
+        }
+    }
+    ct_tensor_file_close(f);
+    return rc;
 }
 
 int cmd_train(int argc, char **argv)
@@ -1489,7 +1676,20 @@ int cmd_train(int argc, char **argv)
                 (long long)r.to.eval_batches);
         rc = 1;
     }
+    if (!rc && r.init_from) rc = init_source(&r);
+    if (!rc && r.init_from && r.to.seq == 0 && r.cfg.context > 1024) r.to.seq = 1024; /* not 128k */
+    int64_t model_vocab = r.cfg.vocab_size;
     if (!rc) rc = r.data_path ? text_data(&r, sum, tokens) : builtin_data(&r);
+    if (!rc && r.init_from) { /* the model's vocabulary, which holds the tokenizer's */
+        if (r.cfg.vocab_size > model_vocab) {
+            fprintf(stderr,
+                    "ctorch train: the tokenizer has %lld tokens, more than the model's "
+                    "vocabulary %lld\n",
+                    (long long)r.cfg.vocab_size, (long long)model_vocab);
+            rc = 1;
+        }
+        r.cfg.vocab_size = model_vocab;
+    }
     if (!rc && r.to.seq == 0) r.to.seq = r.cfg.context;
     if (!rc) {
         ct_status s = ct_gpt_config_check(&r.cfg);

@@ -544,6 +544,111 @@ CT_API ct_hf_save_options ct_hf_save_options_default(void);
 CT_API ct_status ct_hf_save(ct_gpt *m, const ct_hf_model *like, const char *dir,
                             const ct_hf_save_options *opt);
 
+/* ---- LoRA adapters ---------------------------------------------------------------------------- */
+/*
+ * Low-rank adapters in PEFT's layout: for each targeted projection W [out, in] of each layer,
+ * A [r, in] and B [out, r] with W_effective = W + (alpha / r) B A (alpha / sqrt(r) with
+ * use_rslora). A starts as PEFT's kaiming_uniform(a = sqrt(5)) (uniform in +-1 / sqrt(in)),
+ * B at zero, so training starts from the base model exactly.
+ *
+ * Training: ct_lora_apply writes W0 + s B A into the model's weights (W0, the frozen base, is
+ * kept apart), the model's forward and backward run as usual, and ct_lora_backward turns the
+ * weight gradient G into the adapters' (dA = s B^T G, dB = s G A^T: exact, as W_effective is
+ * linear in each). The other weights never change. (The model computes the frozen weights'
+ * gradients too and they are dropped: LoRA saves optimizer memory here, not compute.)
+ *
+ * Files: adapter_config.json (r, lora_alpha, target_modules, lora_dropout, bias, task_type,
+ * base_model_name_or_path, peft_type, ...) and adapter_model.safetensors with
+ * base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight [r, in] / .lora_B.weight [out, r]
+ * (mlp.gate_proj, mlp.up_proj, mlp.down_proj, self_attn.{q,k,v,o}_proj).
+ */
+
+/** Projections an adapter can target (bits of ct_lora_options.targets). */
+enum {
+    CT_LORA_Q = 1,
+    CT_LORA_K = 2,
+    CT_LORA_V = 4,
+    CT_LORA_O = 8,
+    CT_LORA_GATE = 16,
+    CT_LORA_UP = 32,
+    CT_LORA_DOWN = 64
+};
+
+/** Shape of a set of adapters. */
+typedef struct ct_lora_options {
+    int64_t rank;     /**< r in [1, 4096]; default 8 */
+    float alpha;      /**< lora_alpha > 0; default 8 (PEFT's) */
+    uint32_t targets; /**< CT_LORA_* bits; default CT_LORA_Q | CT_LORA_V (PEFT's for Llama) */
+} ct_lora_options;
+
+/** The defaults listed above. */
+CT_API ct_lora_options ct_lora_options_default(void);
+
+/** Parse a comma-separated list of q, k, v, o, gate, up, down (or the PEFT module names
+ *  q_proj, ..., down_proj) into CT_LORA_* bits. CT_EINVAL names an unknown entry. */
+CT_API ct_status ct_lora_targets_parse(const char *list, uint32_t *targets);
+
+/** Adapters on a model (opaque). */
+typedef struct ct_lora ct_lora;
+
+/** Create adapters on m (its weights at this moment become the frozen base; m must outlive
+ *  the adapters and not be mapped). A from seed, B zero; then ct_lora_apply. CT_EINVAL for a
+ *  bad option (rank above min(in, out) of a target included). */
+CT_API ct_status ct_lora_create(ct_gpt *m, const ct_lora_options *o, uint64_t seed,
+                                ct_lora **out);
+
+/** Free adapters (the model keeps its current weights). NULL is a no-op. */
+CT_API void ct_lora_free(ct_lora *l);
+
+/** The options the adapters were created with. */
+CT_API const ct_lora_options *ct_lora_get_options(const ct_lora *l);
+
+/** Write base + s B A into the model's targeted weights. */
+CT_API ct_status ct_lora_apply(ct_lora *l);
+
+/** The adapters' gradients (written, not accumulated) from the model's weight gradients of the
+ *  targets, after ct_gpt_forward_backward at applied weights. */
+CT_API ct_status ct_lora_backward(ct_lora *l);
+
+/** Flat adapter parameters and gradients: per adapter A then B, in layer order. */
+CT_API int64_t ct_lora_num_params(const ct_lora *l);
+CT_API float *ct_lora_params(ct_lora *l);
+CT_API float *ct_lora_grads(ct_lora *l);
+
+/** Number of adapter tensors (2 per adapted projection), and tensor i: its PEFT name (valid
+ *  while l lives) and views of its parameter and gradient (either may be NULL). */
+CT_API int ct_lora_num_tensors(const ct_lora *l);
+CT_API ct_status ct_lora_tensor(ct_lora *l, int i, const char **name, ct_tensor *param,
+                                ct_tensor *grad);
+
+/** The frozen base weight of ctorch tensor `name` (a view, valid while l lives), when the
+ *  adapters target it; CT_EINVAL otherwise. */
+CT_API ct_status ct_lora_base(ct_lora *l, const char *name, ct_tensor *base);
+
+/** Write dir/adapter_config.json and dir/adapter_model.safetensors (f32), atomically each;
+ *  dir is created if absent. base_model may be NULL (null in the file). */
+CT_API ct_status ct_lora_save(const ct_lora *l, const char *dir, const char *base_model);
+
+/** Fold a PEFT adapter directory into the model's weights: W += s B A for every adapter in it
+ *  (f32, f16 or bf16 tensors). adapter_config.json keys it does not implement (use_dora,
+ *  rank_pattern, a regex target_modules, ...) and tensors that are not adapters of this
+ *  model's layers are refused by name. *n_merged (may be NULL) receives the adapter count. */
+CT_API ct_status ct_lora_merge(ct_gpt *m, const char *dir, int *n_merged);
+
+/** Train only LoRA adapters from now on: the trainer's model weights (already loaded) become
+ *  the frozen base; AdamW (with the trainer's schedule, clipping and weight decay) updates the
+ *  adapters alone. Checkpoints then also hold the adapters, their moments and the base
+ *  ("lora" metadata), so --resume is exact; ct_trainer_load of such a checkpoint needs a
+ *  trainer with the same adapters enabled. */
+CT_API ct_status ct_trainer_enable_lora(ct_trainer *t, const ct_lora_options *o);
+
+/** The trainer's adapters (NULL when none). */
+CT_API ct_lora *ct_trainer_lora(ct_trainer *t);
+
+/** The "lora" metadata of a checkpoint into *o: CT_OK with *found false when it has none. */
+CT_API ct_status ct_lora_checkpoint_options(const ct_tensor_file *f, ct_lora_options *o,
+                                            bool *found);
+
 #ifdef __cplusplus
 }
 #endif

@@ -160,6 +160,9 @@ class Model:
     def _ensure(self, B, T):
         if self._m is not None and B <= self._batch and T <= self._seq:
             return
+        if getattr(self, "_pinned", False):
+            raise ValueError(f"ctorch.models: this model carries LoRA adapters and is sized for "
+                             f"{self._batch} x {self._seq} tokens")
         ctx = self.config["context"]
         if T > ctx:
             raise ValueError(f"ctorch.models: sequence of {T} tokens is longer than the model's "
@@ -256,6 +259,13 @@ class Model:
         return _generate.generate(self, input_ids, max_new_tokens, do_sample, temperature, top_k,
                                   top_p, seed, **kw)
 
+    def merge_lora(self, path):
+        """Fold a PEFT LoRA adapter directory into the weights (W += alpha / r B A); returns the
+        number of adapters merged. Needs own weights (load(..., mmap=False))."""
+        n = ctypes.c_int()
+        check(lib.ct_lora_merge(self._m, os.fsencode(path), ctypes.byref(n)))
+        return n.value
+
     def save_hf(self, path, dtype=None, arch=None):
         """Write a Hugging Face directory (config.json + model.safetensors, or the source's
         shards). dtype: None (the source's torch_dtype, or f32), "f32", "f16" or "bf16"."""
@@ -276,6 +286,86 @@ class Model:
         check(lib.ct_gpt_forward_backward(self._m, _vp(ids.data_ptr()), B, T, 1.0,
                                           ctypes.byref(loss)))
         return loss.value, {k: v.clone() for k, v in self._views(grads=True).items()}
+
+
+class _LoraOptions(ctypes.Structure):
+    _fields_ = [("rank", ctypes.c_int64), ("alpha", ctypes.c_float), ("targets", ctypes.c_uint32)]
+
+
+lib.ct_lora_options_default.restype = _LoraOptions
+lib.ct_lora_targets_parse.argtypes = [ctypes.c_char_p, _P(ctypes.c_uint32)]
+lib.ct_lora_create.argtypes = [_vp, _P(_LoraOptions), ctypes.c_uint64, _P(_vp)]
+lib.ct_lora_free.argtypes = [_vp]
+lib.ct_lora_free.restype = None
+lib.ct_lora_apply.argtypes = [_vp]
+lib.ct_lora_backward.argtypes = [_vp]
+lib.ct_lora_num_tensors.argtypes = [_vp]
+lib.ct_lora_tensor.argtypes = [_vp, ctypes.c_int, _P(ctypes.c_char_p), _P(_Tensor), _P(_Tensor)]
+lib.ct_lora_save.argtypes = [_vp, ctypes.c_char_p, ctypes.c_char_p]
+lib.ct_lora_merge.argtypes = [_vp, ctypes.c_char_p, _P(ctypes.c_int)]
+
+
+def _view(t):
+    shape = tuple(t.shape[d] for d in range(t.ndim))
+    n = 1
+    for d in shape:
+        n *= d
+    return torch.frombuffer((ctypes.c_float * n).from_address(t.data), dtype=torch.float32).view(shape)
+
+
+class Lora:
+    """LoRA adapters on a Model (include/ctorch/model.h): the model's current weights become the
+    frozen base. The model is sized for batch x seq tokens first and then keeps that size.
+
+        lora = models.Lora(m, rank=4, alpha=8, targets="q,v", batch=2, seq=16)
+        lora.set_weights({...PEFT names...}); lora.apply()      # weights = base + s B A
+        loss, _ = m.loss_and_grads(tokens); g = lora.grads()     # d loss / d A, B
+        lora.save("adapter-dir", base_model="path")
+    """
+
+    def __init__(self, model, rank=8, alpha=8.0, targets="q,v", seed=1, batch=1, seq=None):
+        model._ensure(batch, seq or model.config["context"])
+        model._pinned = True
+        o = lib.ct_lora_options_default()
+        o.rank, o.alpha = rank, alpha
+        bits = ctypes.c_uint32()
+        check(lib.ct_lora_targets_parse(targets.encode(), ctypes.byref(bits)))
+        o.targets = bits.value
+        h = _vp()
+        check(lib.ct_lora_create(model._m, ctypes.byref(o), seed, ctypes.byref(h)))
+        self._l, self.model = h, model
+
+    def __del__(self):
+        if getattr(self, "_l", None):
+            lib.ct_lora_free(self._l)
+            self._l = None
+
+    def _views(self, grads=False):
+        out = {}
+        for i in range(lib.ct_lora_num_tensors(self._l)):
+            name, p, g = ctypes.c_char_p(), _Tensor(), _Tensor()
+            check(lib.ct_lora_tensor(self._l, i, ctypes.byref(name), ctypes.byref(p), ctypes.byref(g)))
+            out[name.value.decode()] = _view(g if grads else p)
+        return out
+
+    def state_dict(self):
+        return {k: v.clone() for k, v in self._views().items()}
+
+    def set_weights(self, weights):
+        views = self._views()
+        for k, v in weights.items():
+            views[k].copy_(torch.as_tensor(v, dtype=torch.float32))
+
+    def apply(self):
+        check(lib.ct_lora_apply(self._l))
+
+    def grads(self):
+        """The adapters' gradients from the model's last loss_and_grads."""
+        check(lib.ct_lora_backward(self._l))
+        return {k: v.clone() for k, v in self._views(grads=True).items()}
+
+    def save(self, path, base_model=None):
+        check(lib.ct_lora_save(self._l, os.fsencode(path), base_model.encode() if base_model else None))
 
 
 def load(path, mmap=True):

@@ -1136,8 +1136,11 @@ ct_status ct_hf_save(ct_gpt *m, const ct_hf_model *like, const char *dir,
                         "%s: %s cannot hold biases on %s (q/k/v bias %d, o bias %d)", fn,
                         ARCHS[arch - 1].arch, arch == CT_HF_QWEN2 ? "q/k/v only" : "all of q/k/v/o",
                         (int)m->cfg.qkv_bias, (int)m->cfg.o_bias);
-    if (m->cfg.window)
-        return ct_error(CT_EINVAL, "%s: a sliding-window model has no Hugging Face Llama layout", fn);
+    if (m->cfg.window || m->cfg.score_mod[0] || m->cfg.mask_mod[0])
+        return ct_error(CT_EINVAL,
+                        "%s: a model with a sliding window or a compiled score / mask mod has no "
+                        "Hugging Face Llama layout",
+                        fn);
     if (like) CT_TRY(same_config(like, m, fn));
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
         return ct_error(CT_EIO, "%s: cannot create '%s': %s", fn, dir, strerror(errno));

@@ -36,4 +36,9 @@ ct_status hf_write_atomic(const char *path, const char *data, size_t len);
 /* path = dir + "/" + name into a new string (ct_free). */
 ct_status hf_join(const char *dir, const char *name, char **path);
 
+/* Parse adapter_config.json text (src/model/lora.c): r, lora_alpha, target_modules as CT_LORA_*
+ * bits, use_rslora; keys it does not implement refused by name. */
+ct_status lora_parse_config(const char *text, size_t len, int64_t *rank, double *alpha,
+                            uint32_t *targets, bool *rslora);
+
 #endif

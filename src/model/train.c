@@ -21,6 +21,8 @@ struct ct_trainer {
     int64_t n_train, n_eval;
     int64_t step, epoch, pos;
     ct_rng rng;
+    ct_lora *lora;    /* LoRA: only these adapters train (ct_trainer_enable_lora) */
+    float *lmoments;  /* their AdamW moments: exp_avg [LP] then exp_avg_sq [LP] */
 };
 
 ct_train_options ct_train_options_default(void)
@@ -149,6 +151,8 @@ ct_status ct_trainer_create(const ct_gpt_config *cfg, const ct_train_options *op
 void ct_trainer_free(ct_trainer *t)
 {
     if (!t) return;
+    ct_lora_free(t->lora);
+    ct_free(t->lmoments);
     ct_gpt_free(t->m);
     ct_free(t->moments);
     ct_free(t->batch);
@@ -205,13 +209,22 @@ ct_status ct_trainer_step(ct_trainer *t, ct_train_step_info *info)
     }
     int64_t P = ct_gpt_num_params(m), D = ct_gpt_num_decayed(m);
     double norm;
-    CT_TRY(ct_clip_grad_norm(ct_gpt_grads(m), P, t->o.clip, &norm));
     float lr = ct_lr_cosine(t->step, t->o.warmup, t->o.steps, t->o.lr, t->o.min_lr);
     ct_adamw_options a = {lr, t->o.beta1, t->o.beta2, t->o.eps, t->o.weight_decay};
-    float *p = ct_gpt_params(m), *g = ct_gpt_grads(m), *mo = t->moments, *v = t->moments + P;
-    CT_TRY(ct_adamw_step(p, g, mo, v, D, t->step + 1, &a));
-    a.weight_decay = 0;
-    CT_TRY(ct_adamw_step(p + D, g + D, mo + D, v + D, P - D, t->step + 1, &a));
+    if (t->lora) { /* only the adapters move; the model's weights are base + s B A again */
+        int64_t LP = ct_lora_num_params(t->lora);
+        float *lp = ct_lora_params(t->lora), *lg = ct_lora_grads(t->lora);
+        CT_TRY(ct_lora_backward(t->lora));
+        CT_TRY(ct_clip_grad_norm(lg, LP, t->o.clip, &norm));
+        CT_TRY(ct_adamw_step(lp, lg, t->lmoments, t->lmoments + LP, LP, t->step + 1, &a));
+        CT_TRY(ct_lora_apply(t->lora));
+    } else {
+        CT_TRY(ct_clip_grad_norm(ct_gpt_grads(m), P, t->o.clip, &norm));
+        float *p = ct_gpt_params(m), *g = ct_gpt_grads(m), *mo = t->moments, *v = t->moments + P;
+        CT_TRY(ct_adamw_step(p, g, mo, v, D, t->step + 1, &a));
+        a.weight_decay = 0;
+        CT_TRY(ct_adamw_step(p + D, g + D, mo + D, v + D, P - D, t->step + 1, &a));
+    }
     t->step++;
     if (info) {
         info->step = t->step;
@@ -392,7 +405,9 @@ ct_status ct_trainer_save(const ct_trainer *t, const char *path, size_t n_extra,
     ct_gpt *m = t->m;
     int nt = ct_gpt_num_tensors(m);
     int64_t P = ct_gpt_num_params(m);
-    size_t count = 3 * (size_t)nt, nmeta = N_RESERVED + n_extra;
+    int nl = ct_lora_num_tensors(t->lora); /* LoRA: adapters, their moments and the bases */
+    size_t count = 3 * (size_t)nt + 4 * (size_t)nl, nmeta = N_RESERVED + n_extra + (nl ? 1 : 0);
+    char lora_meta[160];
     ct_tensor *tens = NULL;
     char **names = NULL, *namebuf = NULL, *cfg = NULL, *trn = NULL;
     const char **mk = NULL, **mv = NULL;
@@ -423,6 +438,45 @@ ct_status ct_trainer_save(const ct_trainer *t, const char *path, size_t n_extra,
         }
     }
     if (s) goto done;
+    for (int i = 0; i < nl && s == CT_OK; i++) {
+        const char *name;
+        ct_tensor p;
+        if ((s = ct_lora_tensor(t->lora, i, &name, &p, NULL))) break;
+        int64_t off = (float *)p.data - ct_lora_params(t->lora), LP = ct_lora_num_params(t->lora);
+        for (int k = 0; k < 3; k++) {
+            size_t e = 3 * (size_t)nt + 3 * (size_t)i + (size_t)k;
+            names[e] = namebuf + e * 128;
+            snprintf(names[e], 128, "%slora.%s",
+                     k == 0   ? ""
+                     : k == 1 ? "optimizer.exp_avg."
+                              : "optimizer.exp_avg_sq.",
+                     name);
+            tens[e] = p;
+            if (k) tens[e].data = t->lmoments + (k - 1) * LP + off;
+        }
+    }
+    if (nl) { /* the frozen bases (one per adapter pair) after the adapters */
+        size_t e = 3 * (size_t)nt + 3 * (size_t)nl;
+        count = e;
+        for (int i = 0; i < nt && s == CT_OK; i++) {
+            const char *name;
+            if ((s = ct_gpt_tensor(m, i, &name, NULL, NULL))) break;
+            static const char *halves[] = {"", "#gate", "#up"};
+            for (int h = 0; h < 3 && s == CT_OK; h++) {
+                char key[112];
+                snprintf(key, sizeof key, "%s%s", name, halves[h]);
+                ct_tensor b;
+                if (ct_lora_base(t->lora, key, &b) != CT_OK) continue;
+                names[count] = namebuf + count * 128;
+                snprintf(names[count], 128, "lora.base.%s", key);
+                tens[count++] = b;
+            }
+        }
+        const ct_lora_options *lo = ct_lora_get_options(t->lora);
+        snprintf(lora_meta, sizeof lora_meta, "{\"r\":%lld,\"lora_alpha\":%.9g,\"targets\":%u}",
+                 (long long)lo->rank, (double)lo->alpha, (unsigned)lo->targets);
+    }
+    if (s) goto done;
     if ((s = ct_train_options_to_json(&t->o, &trn))) goto done;
     snprintf(step, sizeof step, "%lld", (long long)t->step);
     snprintf(epoch, sizeof epoch, "%lld", (long long)t->epoch);
@@ -434,6 +488,7 @@ ct_status ct_trainer_save(const ct_trainer *t, const char *path, size_t n_extra,
         mk[r] = RESERVED[r], mv[r] = vals[r];
     for (size_t i = 0; i < n_extra; i++)
         mk[N_RESERVED + i] = keys[i], mv[N_RESERVED + i] = values[i];
+    if (nl) mk[N_RESERVED + n_extra] = "lora", mv[N_RESERVED + n_extra] = lora_meta;
     s = ct_save_safetensors(path, tens, (const char *const *)names, count, mk, mv, nmeta, NULL);
 done:
     ct_free(trn);
@@ -643,6 +698,63 @@ ct_status ct_trainer_load(ct_trainer *t, const char *path)
             if (s) s = ct_error_wrap(CT_EFORMAT, "checkpoint: tensor '%s'", nm);
         }
     }
+    /* LoRA: the same adapters enabled here as there, then theirs restored */
+    ct_lora_options lo;
+    bool has_lora = false;
+    if (s == CT_OK) s = ct_lora_checkpoint_options(f, &lo, &has_lora);
+    if (s == CT_OK && has_lora != (t->lora != NULL))
+        s = ct_error(CT_EFORMAT, "checkpoint: it %s LoRA adapters and this run %s", has_lora ? "has" : "has no",
+                     t->lora ? "trains them" : "does not");
+    if (s == CT_OK && t->lora) {
+        const ct_lora_options *mine_o = ct_lora_get_options(t->lora);
+        if (lo.rank != mine_o->rank || lo.alpha != mine_o->alpha || lo.targets != mine_o->targets)
+            s = ct_error(CT_EFORMAT, "checkpoint: its LoRA adapters (r %lld, alpha %g, targets %u) "
+                         "are not this run's (r %lld, alpha %g, targets %u)",
+                         (long long)lo.rank, lo.alpha, lo.targets, (long long)mine_o->rank,
+                         mine_o->alpha, mine_o->targets);
+        int nl = ct_lora_num_tensors(t->lora);
+        int64_t LP = ct_lora_num_params(t->lora);
+        for (int i = 0; i < nl && s == CT_OK; i++) {
+            const char *name;
+            ct_tensor p;
+            if ((s = ct_lora_tensor(t->lora, i, &name, &p, NULL))) break;
+            int64_t off = (float *)p.data - ct_lora_params(t->lora);
+            for (int k = 0; k < 3 && s == CT_OK; k++) {
+                char nm[160];
+                snprintf(nm, sizeof nm, "%slora.%s",
+                         k == 0 ? "" : k == 1 ? "optimizer.exp_avg." : "optimizer.exp_avg_sq.", name);
+                size_t idx;
+                if (ct_tensor_file_find(f, nm, &idx) != CT_OK) {
+                    s = ct_error(CT_EFORMAT, "checkpoint: tensor '%s' is missing", nm);
+                    break;
+                }
+                ct_tensor dst = p;
+                if (k) dst.data = t->lmoments + (k - 1) * LP + off;
+                s = ct_tensor_file_read_into(f, idx, &dst);
+                if (s) s = ct_error_wrap(CT_EFORMAT, "checkpoint: tensor '%s'", nm);
+            }
+        }
+        for (int i = 0; i < nt && s == CT_OK; i++) {
+            const char *name;
+            if ((s = ct_gpt_tensor(t->m, i, &name, NULL, NULL))) break;
+            static const char *halves[] = {"", "#gate", "#up"};
+            for (int h = 0; h < 3 && s == CT_OK; h++) {
+                char key[112], nm[160];
+                snprintf(key, sizeof key, "%s%s", name, halves[h]);
+                ct_tensor b;
+                if (ct_lora_base(t->lora, key, &b) != CT_OK) continue;
+                snprintf(nm, sizeof nm, "lora.base.%s", key);
+                size_t idx;
+                if (ct_tensor_file_find(f, nm, &idx) != CT_OK) {
+                    s = ct_error(CT_EFORMAT, "checkpoint: tensor '%s' is missing", nm);
+                    break;
+                }
+                s = ct_tensor_file_read_into(f, idx, &b);
+                if (s) s = ct_error_wrap(CT_EFORMAT, "checkpoint: tensor '%s'", nm);
+            }
+        }
+        if (s == CT_OK) s = ct_lora_apply(t->lora);
+    }
     ct_tensor_file_close(f);
     CT_TRY(s);
     t->step = step;
@@ -650,4 +762,56 @@ ct_status ct_trainer_load(ct_trainer *t, const char *path)
     t->pos = pos;
     t->rng = rng;
     return CT_OK;
+}
+
+/* ---- LoRA ---------------------------------------------------------------------------------- */
+
+ct_status ct_trainer_enable_lora(ct_trainer *t, const ct_lora_options *o)
+{
+    if (!t) return ct_error(CT_EINVAL, "ct_trainer_enable_lora: t must not be NULL");
+    if (t->lora) return ct_error(CT_EINVAL, "ct_trainer_enable_lora: adapters are already enabled");
+    if (t->step)
+        return ct_error(CT_EINVAL, "ct_trainer_enable_lora: enable the adapters before any step");
+    ct_lora *l;
+    CT_TRY(ct_lora_create(t->m, o, t->o.seed, &l));
+    ct_status s = ct_calloc((void **)&t->lmoments, 2 * (size_t)ct_lora_num_params(l) * sizeof(float));
+    if (s) {
+        ct_lora_free(l);
+        return s;
+    }
+    t->lora = l;
+    return CT_OK;
+}
+
+ct_lora *ct_trainer_lora(ct_trainer *t)
+{
+    return t ? t->lora : NULL;
+}
+
+ct_status ct_lora_checkpoint_options(const ct_tensor_file *f, ct_lora_options *o, bool *found)
+{
+    if (!f || !o || !found)
+        return ct_error(CT_EINVAL, "ct_lora_checkpoint_options: arguments must not be NULL");
+    *found = false;
+    const char *js = ct_tensor_file_metadata_get(f, "lora");
+    if (!js) return CT_OK;
+    json_t *j = json_loads(js, JSON_REJECT_DUPLICATES, NULL);
+    json_t *r = json_object_get(j, "r"), *a = json_object_get(j, "lora_alpha"),
+           *tg = json_object_get(j, "targets");
+    ct_status s = CT_OK;
+    if (!json_is_integer(r) || !json_is_number(a) || !json_is_integer(tg) ||
+        json_object_size(j) != 3 || json_integer_value(r) < 1 || json_integer_value(r) > 4096 ||
+        !(json_number_value(a) > 0) || json_number_value(a) > 1e30 ||
+        json_integer_value(tg) < 1 || json_integer_value(tg) > 127)
+        s = ct_error(CT_EFORMAT,
+                     "checkpoint: metadata \"lora\" must be {\"r\": 1..4096, \"lora_alpha\": > 0, "
+                     "\"targets\": 1..127}");
+    else {
+        o->rank = (int64_t)json_integer_value(r);
+        o->alpha = (float)json_number_value(a);
+        o->targets = (uint32_t)json_integer_value(tg);
+        *found = true;
+    }
+    json_decref(j);
+    return s;
 }

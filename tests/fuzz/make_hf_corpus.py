@@ -3,7 +3,7 @@
 architectures (Llama 3 with llama3 rope_scaling, Qwen2, Mistral, SmolLM-like) and hostile
 variants, or model.safetensors.index.json files, valid and hostile.
 
-Usage: /usr/bin/python3 tests/fuzz/make_hf_corpus.py fuzz_hf_config|fuzz_hf_index OUT_DIR
+Usage: /usr/bin/python3 tests/fuzz/make_hf_corpus.py fuzz_hf_config|fuzz_hf_index|fuzz_hf_adapter OUT_DIR
 """
 import json
 import os
@@ -60,10 +60,26 @@ def indexes():
     return {k: json.dumps(v).encode() for k, v in out.items()} | {"h-dup": b'{"weight_map": {"a": "x.safetensors", "a": "y.safetensors"}}'}
 
 
+def adapters():
+    ok = {"base_model_name_or_path": "m", "bias": "none", "fan_in_fan_out": False, "inference_mode": True,
+          "init_lora_weights": True, "lora_alpha": 16, "lora_dropout": 0.05, "modules_to_save": None,
+          "peft_type": "LORA", "r": 8, "rank_pattern": {}, "alpha_pattern": {}, "use_rslora": False,
+          "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+          "task_type": "CAUSAL_LM", "use_dora": False}
+    out = {"valid": ok}
+    for name, patch in [("dora", {"use_dora": True}), ("regex", {"target_modules": "q_proj"}), ("r0", {"r": 0}),
+                        ("alpha", {"lora_alpha": -1}), ("bias", {"bias": "all"}), ("key", {"x": 1}),
+                        ("rank_pattern", {"rank_pattern": {"q": 2}}), ("rslora", {"use_rslora": True})]:
+        c = dict(ok)
+        c.update(patch)
+        out["h-" + name] = c
+    return {k: json.dumps(v).encode() for k, v in out.items()}
+
+
 def main():
     target, out = sys.argv[1], sys.argv[2]
     os.makedirs(out, exist_ok=True)
-    seeds = configs() if target == "fuzz_hf_config" else indexes()
+    seeds = {"fuzz_hf_config": configs, "fuzz_hf_index": indexes, "fuzz_hf_adapter": adapters}[target]()
     for name, data in seeds.items():
         with open(os.path.join(out, name + ".json"), "wb") as f:
             f.write(data)

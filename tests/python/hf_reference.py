@@ -128,8 +128,19 @@ def repeat_kv(x, n_rep):
     return x[:, :, None, :, :].expand(b, kv, n_rep, t, e).reshape(b, kv * n_rep, t, e)
 
 
-def forward(cfg, w, ids):
-    """Logits [B, T, V] of ids [B, T] (int64), differentiable in w."""
+def forward(cfg, w, ids, lora=None, scale=1.0):
+    """Logits [B, T, V] of ids [B, T] (int64), differentiable in w. lora: {HF module name (e.g.
+    "model.layers.0.self_attn.q_proj"): (A [r, in], B [out, r])} applied as PEFT does:
+    x W^T + b + scale (x A^T) B^T."""
+    lora = lora or {}
+
+    def lin(x, name, bias=None):
+        y = F.linear(x, w[name + ".weight"], w.get(name + ".bias") if bias is None else bias)
+        if name in lora:
+            a, b = lora[name]
+            y = y + scale * F.linear(F.linear(x, a), b)
+        return y
+
     B, T = ids.shape
     C = cfg["hidden_size"]
     H, K, E = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
@@ -143,9 +154,9 @@ def forward(cfg, w, ids):
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         x = rmsnorm(h, w[p + "input_layernorm.weight"], eps)
-        q = F.linear(x, w[p + "self_attn.q_proj.weight"], w.get(p + "self_attn.q_proj.bias"))
-        k = F.linear(x, w[p + "self_attn.k_proj.weight"], w.get(p + "self_attn.k_proj.bias"))
-        v = F.linear(x, w[p + "self_attn.v_proj.weight"], w.get(p + "self_attn.v_proj.bias"))
+        q = lin(x, p + "self_attn.q_proj")
+        k = lin(x, p + "self_attn.k_proj")
+        v = lin(x, p + "self_attn.v_proj")
         q = q.view(B, T, H, E).transpose(1, 2)
         k = k.view(B, T, K, E).transpose(1, 2)
         v = v.view(B, T, K, E).transpose(1, 2)
@@ -155,18 +166,18 @@ def forward(cfg, w, ids):
         att = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(E) + mask
         att = F.softmax(att, dim=-1, dtype=torch.float32).to(q.dtype)
         o = torch.matmul(att, v).transpose(1, 2).reshape(B, T, H * E)
-        h = h + F.linear(o, w[p + "self_attn.o_proj.weight"], w.get(p + "self_attn.o_proj.bias"))
+        h = h + lin(o, p + "self_attn.o_proj")
         x = rmsnorm(h, w[p + "post_attention_layernorm.weight"], eps)
-        m = F.silu(F.linear(x, w[p + "mlp.gate_proj.weight"])) * F.linear(x, w[p + "mlp.up_proj.weight"])
-        h = h + F.linear(m, w[p + "mlp.down_proj.weight"])
+        m = F.silu(lin(x, p + "mlp.gate_proj")) * lin(x, p + "mlp.up_proj")
+        h = h + lin(m, p + "mlp.down_proj")
     h = rmsnorm(h, w["model.norm.weight"], eps)
     head = w["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else w["lm_head.weight"]
     return F.linear(h, head)
 
 
-def loss(cfg, w, tokens):
+def loss(cfg, w, tokens, lora=None, scale=1.0):
     """Mean next-token cross-entropy of tokens [B, T + 1]."""
-    logits = forward(cfg, w, tokens[:, :-1])
+    logits = forward(cfg, w, tokens[:, :-1], lora, scale)
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
 
 

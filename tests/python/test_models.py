@@ -127,13 +127,13 @@ def test_hf_directory_logits_and_gradients(tmp_path, name, dtype, shards):
         mapped.loss_and_grads(tok)
 
 
-def read_dir(d):
-    """{tensor name: (dtype, shape, raw bytes)} of every safetensors file, and the files."""
+def read_dir(d, prefix="model"):
+    """{tensor name: (dtype, shape, raw bytes)} of the model*.safetensors files, and the files."""
     import json
     import struct
     out, files = {}, {}
     for fn in sorted(os.listdir(d)):
-        if not fn.endswith(".safetensors"):
+        if not fn.endswith(".safetensors") or not fn.startswith(prefix):
             continue
         data = open(os.path.join(d, fn), "rb").read()
         (n,) = struct.unpack("<Q", data[:8])
