@@ -199,10 +199,14 @@ int bench_tokenizer(bench_ctx *b, int argc, char **argv)
             fwrite(text, 1, blen, f);
             fclose(f);
         }
-        char cmd[12288];
-        snprintf(cmd, sizeof cmd, "timeout 600 node '%s' '%s' '%s' %d", script, gdir, tfile,
-                 b->repeats);
-        FILE *p = popen(cmd, "r");
+        /* Sized from the parts: a path of any length is never cut short. */
+#define NODE_CMD "timeout 600 node '%s' '%s' '%s' %d"
+        int need = snprintf(NULL, 0, NODE_CMD, script, gdir, tfile, b->repeats);
+        char *cmd = need > 0 ? malloc((size_t)need + 1) : NULL;
+        if (cmd) snprintf(cmd, (size_t)need + 1, NODE_CMD, script, gdir, tfile, b->repeats);
+#undef NODE_CMD
+        FILE *p = cmd ? popen(cmd, "r") : NULL;
+        free(cmd);
         json_error_t err;
         node = p ? json_loadf(p, 0, &err) : NULL;
         if (p) pclose(p);
