@@ -375,8 +375,14 @@ static ct_status load_index(const char *dir, json_t **out)
 {
     char p[PATH_CAP];
     CT_TRY(path_join(p, dir, INDEX_NAME));
+    struct stat st;
+    if (stat(p, &st) || !S_ISREG(st.st_mode))
+        return ct_error(CT_EFORMAT, "checkpoint: '%s' is missing", p);
+    if (st.st_size > (64 << 20))
+        return ct_error(CT_EFORMAT, "checkpoint: '%s' is %lld bytes (an index is at most 64 MiB)",
+                        p, (long long)st.st_size);
     json_error_t err;
-    json_t *j = json_load_file(p, 0, &err);
+    json_t *j = json_load_file(p, JSON_REJECT_DUPLICATES, &err);
     if (!j) return ct_error(CT_EFORMAT, "checkpoint: '%s': %s (line %d)", p, err.text, err.line);
     const char *fmt = json_string_value(json_object_get(j, "format"));
     json_t *ws = json_object_get(j, "world_size"), *tens = json_object_get(j, "tensors");
@@ -597,8 +603,13 @@ ct_status ct_sharded_checkpoint_consolidate(const char *dir, const char *out_fil
         return ct_error(CT_EINVAL, "checkpoint consolidate: '%s' is not a sharded checkpoint directory",
                         dir);
     }
-    json_t *idx;
-    ct_status s = load_index(res, &idx);
+    /* every shard present with its shape first: what is allocated below is bounded by the
+     * data the files hold */
+    char *sum = NULL;
+    ct_status s = ct_sharded_checkpoint_verify(res, &sum);
+    ct_free(sum);
+    json_t *idx = NULL;
+    if (!s) s = load_index(res, &idx);
     if (s) {
         ct_free(res);
         return s;
@@ -691,14 +702,31 @@ ct_status ct_sharded_checkpoint_verify(const char *dir, char **summary)
         size_t nd = json_array_size(sh);
         int64_t rows = json_integer_value(json_array_get(sh, 0));
         int64_t cols = nd == 2 ? json_integer_value(json_array_get(sh, 1)) : 1;
-        if (nd < 1 || nd > 2 || rows < 1 || cols < 1 || !json_is_array(shards)) {
+        int64_t numel;
+        if (nd < 1 || nd > 2 || rows < 1 || cols < 1 || rows > (1LL << 40) || cols > (1LL << 40) ||
+            __builtin_mul_overflow(rows, cols, &numel) || !json_is_array(shards)) {
             s = ct_error(CT_EFORMAT, "checkpoint: bad entry of '%s' in the index", key);
             break;
         }
-        /* the shards must tile [0, rows) in order, each read back with its shape */
+        /* the shards must tile [0, rows) in order (checked before any file is opened), each
+         * read back with its shape */
         int64_t next = 0;
         size_t i;
         json_t *sj;
+        json_array_foreach(shards, i, sj)
+        {
+            json_t *jb = json_object_get(sj, "begin"), *je = json_object_get(sj, "end");
+            int64_t b = json_integer_value(jb), en = json_integer_value(je);
+            if (!json_is_integer(jb) || !json_is_integer(je) || b != next || en <= b || en > rows)
+                break;
+            next = en;
+        }
+        if (next != rows) {
+            s = ct_error(CT_EFORMAT, "checkpoint: the shards of '%s' do not tile rows [0, %lld) in order",
+                         key, (long long)rows);
+            break;
+        }
+        next = 0;
         json_array_foreach(shards, i, sj)
         {
             const char *file = json_string_value(json_object_get(sj, "file"));
@@ -728,7 +756,7 @@ ct_status ct_sharded_checkpoint_verify(const char *dir, char **summary)
             s = ct_error(CT_EFORMAT, "checkpoint: the shards of '%s' stop at row %lld of %lld", key,
                          (long long)next, (long long)rows);
         if (s) break;
-        elements += rows * cols;
+        elements += numel;
     }
     files_close(&fs);
     if (!s) {

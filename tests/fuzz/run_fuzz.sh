@@ -51,6 +51,10 @@ for t in "${TARGETS[@]}"; do
     fuzz_hf_*) seeds="$BUILD/fuzz-seeds/$t"; /usr/bin/python3 tests/fuzz/make_hf_corpus.py "$t" "$seeds" ;;
     fuzz_token_ids) seeds="$BUILD/fuzz-seeds/$t"; /usr/bin/python3 tests/fuzz/make_corpus_ids.py "$seeds" ;;
   esac
+  if [ "$t" = fuzz_fsdp_index ]; then  # sharded checkpoint indexes: script-made seeds
+    seeds="$BUILD/fuzz-seeds/fsdp_index"
+    /usr/bin/python3 tests/fuzz/make_fsdp_corpus.py "$seeds"
+  fi
   if [ "$t" = fuzz_store_frames ] || [ "$t" = fuzz_comm_handshake ]; then  # comm: script-made
     seeds="$BUILD/fuzz-seeds/comm"
     mkdir -p "$seeds"

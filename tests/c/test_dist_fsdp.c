@@ -1,0 +1,249 @@
+/* The sharded model (include/ctorch/fsdp.h) in one process: at one rank its gradients, loss
+ * and AdamW step are bitwise those of the one-process model (the reference), in every mode
+ * and option (prefetch, no overlap, no reshard, shared communicator, data parallel, no-sync
+ * accumulation); bf16 all-gathers are close; options and sharded checkpoint directories that
+ * break a rule are refused with a message. (Several ranks: tests/python/test_fsdp.py.) */
+#include "test_util.h"
+
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static ct_gpt_config cfg_small(void)
+{
+    ct_gpt_config c = ct_gpt_config_default();
+    c.vocab_size = 50;
+    c.context = 8;
+    c.n_layer = 3;
+    c.d_model = 16;
+    c.n_head = 4;
+    c.n_kv_head = 2;
+    c.d_ff = 20;
+    c.tied = false;
+    c.qkv_bias = true;
+    c.init_std = 0.3f;
+    return c;
+}
+
+static ct_store_server *srv;
+static ct_store *store;
+
+static ct_comm *world1(void)
+{
+    ct_comm *c = NULL;
+    ct_comm_options o = ct_comm_options_default();
+    static int k;
+    char name[32];
+    snprintf(name, sizeof name, "t%d", k++);
+    o.name = name;
+    CHECK_OK(ct_comm_init(store, 0, 1, &o, &c));
+    return c;
+}
+
+static void test_matches_one_process(ct_fsdp_options fo, bool exact, int accum)
+{
+    ct_gpt_config c = cfg_small();
+    ct_gpt_options mo = ct_gpt_options_default();
+    mo.batch = 3;
+    mo.eos_token = 0;
+    ct_gpt *m;
+    CHECK_OK(ct_gpt_create(&c, &mo, &m));
+    CHECK_OK(ct_gpt_init(m, 7));
+    ct_comm *w = world1();
+    ct_fsdp *f = NULL;
+    CHECK_OK(ct_fsdp_create(w, &c, &mo, &fo, &f));
+    if (!f) {
+        ct_gpt_free(m);
+        ct_comm_free(w);
+        return;
+    }
+    CHECK_OK(ct_fsdp_init(f, 7));
+    int32_t tok[3 * 9];
+    for (int i = 0; i < 27; i++)
+        tok[i] = (i * 7 + 3) % 50;
+    ct_adamw_options ao = ct_adamw_options_default();
+    for (int step = 1; step <= 2; step++) {
+        ct_gpt_zero_grad(m);
+        ct_fsdp_zero_grad(f);
+        float l1 = 0, l2 = 0;
+        for (int k = 0; k < accum; k++) {
+            tok[k] = (tok[k] + step) % 50;
+            float a, b;
+            CHECK_OK(ct_gpt_forward_backward(m, tok, 3, 8, 1.0f / (float)accum, &a));
+            ct_fsdp_set_requires_gradient_sync(f, k == accum - 1);
+            CHECK_OK(ct_fsdp_forward_backward(f, tok, 3, 8, 1.0f / (float)accum, &b));
+            l1 += a, l2 += b;
+        }
+        CHECK(exact ? l1 == l2 : fabsf(l1 - l2) <= 1e-2f * fabsf(l1));
+        double n1, n2;
+        CHECK_OK(ct_clip_grad_norm(ct_gpt_grads(m), ct_gpt_num_params(m), 1.0f, &n1));
+        CHECK_OK(ct_fsdp_clip_grad_norm(f, 1.0f, &n2));
+        CHECK(exact ? fabs(n1 - n2) <= 1e-12 * n1 : fabs(n1 - n2) <= 0.05 * n1);
+        int64_t P = ct_gpt_num_params(m), D = ct_gpt_num_decayed(m);
+        float *p = ct_gpt_params(m), *g = ct_gpt_grads(m);
+        static float mm[1 << 16], vv[1 << 16];
+        if (step == 1) memset(mm, 0, sizeof mm), memset(vv, 0, sizeof vv);
+        CHECK(P <= (1 << 16));
+        CHECK_OK(ct_adamw_step(p, g, mm, vv, D, step, &ao));
+        ct_adamw_options nd = ao;
+        nd.weight_decay = 0;
+        CHECK_OK(ct_adamw_step(p + D, g + D, mm + D, vv + D, P - D, step, &nd));
+        CHECK_OK(ct_fsdp_adamw_step(f, step, &ao));
+    }
+    /* every tensor's parameters after two steps */
+    for (int i = 0; i < ct_gpt_num_tensors(m); i++) {
+        const char *name;
+        ct_tensor pt;
+        CHECK_OK(ct_gpt_tensor(m, i, &name, &pt, NULL));
+        float *sp;
+        int64_t r0, r1;
+        CHECK_OK(ct_fsdp_tensor(f, i, NULL, NULL, NULL, &r0, &r1, &sp, NULL, NULL));
+        CHECK(r0 == 0 && r1 == pt.shape[0]);
+        size_t n = (size_t)ct_tensor_numel(&pt);
+        if (exact) {
+            CHECK(!memcmp(sp, pt.data, n * sizeof(float)));
+        } else {
+            CHECK(t_close(sp, pt.data, n, 2e-2, 2e-2, name));
+        }
+    }
+    ct_fsdp_stats st;
+    ct_fsdp_get_stats(f, &st);
+    CHECK(st.collectives > 0 && st.state_bytes >= 4 * (size_t)ct_gpt_num_params(m) * 4);
+    ct_fsdp_free(f);
+    ct_comm_free(w);
+    ct_gpt_free(m);
+}
+
+static void test_bad_options(void)
+{
+    ct_gpt_config c = cfg_small();
+    ct_comm *w = world1();
+    ct_fsdp *f = (ct_fsdp *)1;
+    ct_fsdp_options o = ct_fsdp_options_default();
+    o.forward_prefetch = 9;
+    CHECK_STATUS(ct_fsdp_create(w, &c, NULL, &o, &f), CT_EINVAL);
+    CHECK(f == NULL);
+    o = ct_fsdp_options_default();
+    o.param_dtype = CT_DTYPE_I32;
+    CHECK_STATUS(ct_fsdp_create(w, &c, NULL, &o, &f), CT_EINVAL);
+    o = ct_fsdp_options_default();
+    o.reduce_dtype = CT_DTYPE_BF16;
+    CHECK_STATUS(ct_fsdp_create(w, &c, NULL, &o, &f), CT_EINVAL);
+    o = ct_fsdp_options_default();
+    o.gradient_divide_factor = -1;
+    CHECK_STATUS(ct_fsdp_create(w, &c, NULL, &o, &f), CT_EINVAL);
+    o = ct_fsdp_options_default();
+    o.mode = CT_FSDP_REPLICATE;
+    o.param_dtype = CT_DTYPE_BF16;
+    CHECK_STATUS(ct_fsdp_create(w, &c, NULL, &o, &f), CT_EINVAL);
+    o = ct_fsdp_options_default();
+    o.mode = (ct_fsdp_mode)7;
+    CHECK_STATUS(ct_fsdp_create(w, &c, NULL, &o, &f), CT_EINVAL);
+    CHECK_STATUS(ct_fsdp_create(NULL, &c, NULL, NULL, &f), CT_EINVAL);
+    ct_fsdp_mode md;
+    CHECK_STATUS(ct_fsdp_mode_from_name("zero3", &md), CT_EINVAL);
+    CHECK_OK(ct_fsdp_mode_from_name("dp", &md));
+    CHECK(md == CT_FSDP_REPLICATE && !strcmp(ct_fsdp_mode_name(md), "dp"));
+    /* the trainer: a global batch the ranks cannot split; a token out of the vocabulary */
+    ct_train_options to = ct_train_options_default();
+    to.batch = 2;
+    to.seq = 4;
+    int32_t data[64];
+    for (int i = 0; i < 64; i++)
+        data[i] = i % 50;
+    ct_fsdp_trainer *t = NULL;
+    data[5] = 50;
+    CHECK_STATUS(ct_fsdp_trainer_create(w, &c, &to, NULL, data, 64, NULL, 0, &t), CT_EINVAL);
+    data[5] = 5;
+    CHECK_OK(ct_fsdp_trainer_create(w, &c, &to, NULL, data, 64, NULL, 0, &t));
+    float loss;
+    CHECK_STATUS(ct_fsdp_trainer_evaluate(t, &loss), CT_EINVAL);
+    ct_train_step_info info;
+    CHECK_OK(ct_fsdp_trainer_step(t, &info));
+    CHECK(info.step == 1 && isfinite(info.loss));
+    ct_fsdp_trainer_free(t);
+    ct_comm_free(w);
+}
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *fp = fopen(path, "w");
+    if (!fp) return;
+    fputs(text, fp);
+    fclose(fp);
+}
+
+static void test_bad_checkpoints(void)
+{
+    char dir[] = "/tmp/ct-test-fsdp-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char p[256], *s = NULL;
+    bool isdir;
+    snprintf(p, sizeof p, "%s/missing", dir);
+    CHECK_STATUS(ct_sharded_checkpoint_resolve(p, &s, &isdir), CT_EIO);
+    /* a directory without COMMITTED (a save that was interrupted) */
+    CHECK_STATUS(ct_sharded_checkpoint_verify(dir, &s), CT_EFORMAT);
+    snprintf(p, sizeof p, "%s/COMMITTED", dir);
+    write_text(p, "x");
+    snprintf(p, sizeof p, "%s/index.json", dir);
+    write_text(p, "{not json");
+    CHECK_STATUS(ct_sharded_checkpoint_verify(dir, &s), CT_EFORMAT);
+    write_text(p, "{\"format\": \"other\", \"world_size\": 1, \"tensors\": {}, \"metadata\": {}}");
+    CHECK_STATUS(ct_sharded_checkpoint_verify(dir, &s), CT_EFORMAT);
+    /* shard file names are plain names inside the directory */
+    write_text(p, "{\"format\": \"ctorch-sharded\", \"world_size\": 1, \"metadata\": {}, "
+                  "\"tensors\": {\"w\": {\"shape\": [2, 2], \"dtype\": \"F32\", \"shards\": "
+                  "[{\"file\": \"../x.safetensors\", \"begin\": 0, \"end\": 2}]}}}");
+    CHECK_STATUS(ct_sharded_checkpoint_verify(dir, &s), CT_EFORMAT);
+    CHECK(strstr(ct_last_error(), "plain name") != NULL);
+    /* rows that do not tile the tensor */
+    write_text(p, "{\"format\": \"ctorch-sharded\", \"world_size\": 2, \"metadata\": {}, "
+                  "\"tensors\": {\"w\": {\"shape\": [4, 2], \"dtype\": \"F32\", \"shards\": "
+                  "[{\"file\": \"a.safetensors\", \"begin\": 0, \"end\": 1}, "
+                  "{\"file\": \"b.safetensors\", \"begin\": 2, \"end\": 4}]}}}");
+    CHECK_STATUS(ct_sharded_checkpoint_verify(dir, &s), CT_EFORMAT);
+    snprintf(p, sizeof p, "%s/out.safetensors", dir);
+    CHECK_STATUS(ct_sharded_checkpoint_consolidate(dir, p), CT_EFORMAT);
+    CHECK(access(p, F_OK) != 0);
+    CHECK_STATUS(ct_sharded_checkpoint_metadata(dir, "config", &s), CT_EFORMAT);
+    /* an empty valid index */
+    snprintf(p, sizeof p, "%s/index.json", dir);
+    write_text(p, "{\"format\": \"ctorch-sharded\", \"world_size\": 1, \"step\": 3, "
+                  "\"metadata\": {\"config\": \"{}\"}, \"tensors\": {}}");
+    CHECK_OK(ct_sharded_checkpoint_verify(dir, &s));
+    CHECK(s && strstr(s, "\"step\": 3"));
+    ct_free(s);
+    CHECK_OK(ct_sharded_checkpoint_metadata(dir, "config", &s));
+    CHECK(s && !strcmp(s, "{}"));
+    ct_free(s);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0);
+}
+
+int main(void)
+{
+    CHECK_OK(ct_store_server_start("127.0.0.1", 0, &srv));
+    CHECK_OK(ct_store_connect("127.0.0.1", ct_store_server_port(srv), 10, &store));
+    ct_fsdp_options o = ct_fsdp_options_default();
+    test_matches_one_process(o, true, 1);
+    o.forward_prefetch = o.backward_prefetch = 3;
+    o.reshard_after_forward = false;
+    o.root_reshard_after_forward = true;
+    test_matches_one_process(o, true, 2);
+    o = ct_fsdp_options_default();
+    o.overlap = false;
+    o.separate_reduce_scatter_comm = false;
+    test_matches_one_process(o, true, 3);
+    o = ct_fsdp_options_default();
+    o.mode = CT_FSDP_REPLICATE;
+    test_matches_one_process(o, true, 2);
+    o = ct_fsdp_options_default();
+    o.param_dtype = CT_DTYPE_BF16;
+    test_matches_one_process(o, false, 1);
+    test_bad_options();
+    test_bad_checkpoints();
+    ct_store_free(store);
+    ct_store_server_free(srv);
+    return t_report("test_dist_fsdp");
+}
