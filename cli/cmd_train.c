@@ -1411,7 +1411,10 @@ static int train_dist(run *r)
         bool eval_now = !s && (info.step == stop || (eval_every && info.step % eval_every == 0));
         if (!s && eval_now && r->n_eval) s = ct_fsdp_trainer_evaluate(t, &el);
         if (!s && r->save_every && info.step % r->save_every == 0 && info.step != stop)
-            rc = dist_save(r, t), s = rc ? CT_EIO : CT_OK;
+        {
+            int src = dist_save(r, t); /* a rank lost during a save: elastic recovers too */
+            if (src) s = CT_EIO, rc = r->elastic ? 0 : src;
+        }
         if (s && r->elastic && !rc) {
             /* a rank died or timed out: shrink to the survivors and go on */
             if (r->rank == 0 || 1)
