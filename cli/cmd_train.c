@@ -566,14 +566,6 @@ static bool is_directory(const char *p)
     return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-/* A sharded checkpoint's configuration (its index metadata), checked. */
-static ct_status sharded_config(const char *json, ct_gpt_config *cfg)
-{
-    if (!json) return CT_EFORMAT; /* ct_sharded_checkpoint_metadata said why */
-    *cfg = ct_gpt_config_default();
-    return ct_gpt_config_from_json(json, cfg);
-}
-
 static int settings_from_checkpoint(run *r, const char *path, uint64_t *sum, int64_t *tokens)
 {
     ct_tensor_file *f = NULL;
@@ -594,9 +586,10 @@ static int settings_from_checkpoint(run *r, const char *path, uint64_t *sum, int
     const char *kj = sharded ? sm[2] : ct_tensor_file_metadata_get(f, "tokenizer");
     json_t *d = dj ? json_loads(dj, 0, NULL) : NULL;
     /* the whole checkpoint (config, tensor shapes and dtypes, trainer state) is checked
-     * before anything the model's size is allocated (sharded: the index and the shards are
-     * checked by the loader, each rank reading only its rows) */
-    if ((s = sharded ? sharded_config(sm[3], &r->cfg) : ct_gpt_checkpoint_check(f, true, &r->cfg)) ||
+     * before anything the model's size is allocated (sharded: the index against the
+     * configuration, and the shards against the index) */
+    if ((s = sharded ? ct_sharded_checkpoint_check(path, true, &r->cfg)
+                     : ct_gpt_checkpoint_check(f, true, &r->cfg)) ||
         (tj && (s = ct_train_options_from_json(tj, &r->to)))) {
         rc = cli_fail("train: --resume", s);
         goto done;

@@ -223,6 +223,15 @@ CT_API ct_status ct_sharded_checkpoint_metadata(const char *dir, const char *key
  *  elements, files, metadata) on success. */
 CT_API ct_status ct_sharded_checkpoint_verify(const char *dir, char **summary);
 
+/** The sharded form of ct_gpt_checkpoint_check, before anything the model's size is
+ *  allocated: ct_sharded_checkpoint_verify (the shards hold every row the index lists), the
+ *  index's "config" into *cfg, every parameter tensor that configuration has listed with its
+ *  shape and a float dtype, and with trainer_state the moments, the "train" options (the
+ *  trainer's rules and caps) and the trainer state ("step", "epoch", "data_pos" in
+ *  [0, 2^63), "rng" not all zero). CT_EFORMAT names what breaks a rule. */
+CT_API ct_status ct_sharded_checkpoint_check(const char *dir, bool trainer_state,
+                                             ct_gpt_config *cfg);
+
 /** Write the single-file checkpoint (format "ctorch-gpt", as ct_trainer_save) that a sharded
  *  directory holds: what `generate` and single-process `train --resume` take. */
 CT_API ct_status ct_sharded_checkpoint_consolidate(const char *dir, const char *out_file);

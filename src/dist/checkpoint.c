@@ -671,6 +671,66 @@ done:
     return s;
 }
 
+ct_status ct_sharded_checkpoint_check(const char *dir, bool trainer_state, ct_gpt_config *cfg)
+{
+    if (!dir || !cfg)
+        return ct_error(CT_EINVAL, "ct_sharded_checkpoint_check: arguments must not be NULL");
+    char *summary = NULL;
+    CT_TRY(ct_sharded_checkpoint_verify(dir, &summary)); /* the shards hold the index's rows */
+    ct_free(summary);
+    char *res;
+    bool isdir;
+    CT_TRY(ct_sharded_checkpoint_resolve(dir, &res, &isdir));
+    json_t *idx;
+    ct_status s = load_index(res, &idx);
+    ct_free(res);
+    CT_TRY(s);
+    json_t *md = json_object_get(idx, "metadata"), *tensors = json_object_get(idx, "tensors");
+    const char *cj = json_string_value(json_object_get(md, "config"));
+    *cfg = ct_gpt_config_default();
+    if (!cj)
+        s = ct_error(CT_EFORMAT, "checkpoint: the index has no metadata \"config\"");
+    else if (ct_gpt_config_from_json(cj, cfg))
+        s = ct_error_wrap(CT_EFORMAT, "checkpoint: bad \"config\"");
+    gpt_tensor *tab = NULL;
+    int n = 0;
+    if (!s) s = gpt_tensor_table(cfg, &tab, &n);
+    /* every tensor the configuration has, with its shape, before the model is allocated */
+    for (int i = 0; i < n && !s; i++)
+        for (int k = 0; k < (trainer_state ? 3 : 1) && !s; k++) {
+            char nm[160];
+            snprintf(nm, sizeof nm, "%s%s", MOMENT[k], tab[i].name);
+            json_t *e = json_object_get(tensors, nm), *sh = json_object_get(e, "shape");
+            const char *dt = json_string_value(json_object_get(e, "dtype"));
+            bool same = e && json_array_size(sh) == (size_t)tab[i].ndim && dt &&
+                        (!strcmp(dt, "F32") || !strcmp(dt, "BF16") || !strcmp(dt, "F16"));
+            for (int d = 0; same && d < tab[i].ndim; d++)
+                same = json_integer_value(json_array_get(sh, (size_t)d)) == tab[i].shape[d];
+            if (!same)
+                s = ct_error(CT_EFORMAT,
+                             "checkpoint: the index lacks tensor '%s' as the configuration has it "
+                             "(%s[%lld%s%lld], a float dtype)",
+                             nm, tab[i].name, (long long)tab[i].shape[0],
+                             tab[i].ndim == 2 ? ", " : "", tab[i].ndim == 2 ? (long long)tab[i].shape[1] : 0LL);
+        }
+    ct_free(tab);
+    if (!s && trainer_state) {
+        msrc m = {NULL, md};
+        const char *tj = json_string_value(json_object_get(md, "train"));
+        if (tj) {
+            ct_train_options o = ct_train_options_default();
+            s = ct_train_options_from_json(tj, &o);
+            if (!s) s = gpt_check_train_options(cfg, &o, "checkpoint");
+            if (s) s = ct_error_wrap(CT_EFORMAT, "checkpoint: metadata \"train\"");
+        }
+        int64_t step, epoch, pos;
+        ct_rng rng;
+        if (!s) s = gpt_read_trainer_state(msrc_get, &m, &step, &epoch, &pos, &rng);
+    }
+    json_decref(idx);
+    return s;
+}
+
 ct_status ct_sharded_checkpoint_verify(const char *dir, char **summary)
 {
     if (!dir || !summary)

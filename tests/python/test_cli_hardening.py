@@ -233,3 +233,25 @@ def test_sharded_resume_refuses_bad_trainer_state(tmp_path, key, value, needle):
     rc, _, err, _ = run("train", "--resume", out, "--out", out, "--fsdp", "--quiet")
     assert rc == 1, err
     assert needle in err, err
+
+
+@pytest.mark.parametrize("lie", ["config-only", "index-too"])
+def test_sharded_resume_checks_before_building_the_model(tmp_path, lie):
+    """A sharded checkpoint whose index claims a 1 GiB model over shards of a tiny one: refused
+    before the model is allocated, whether only the config lies or the index's shapes too."""
+    out = tmp_path / "run"
+    ctorch_ok("train", *TINY, "--steps", 4, "--stop-at", 2, "--quiet", "--fsdp", "--out", out)
+    index = out / "latest" / "index.json"
+    j = json.loads(index.read_text())
+    cfg = json.loads(j["metadata"]["config"])
+    cfg.update(vocab_size=HUGE["vocab_size"], d_model=HUGE["d_model"], n_head=8, n_kv_head=8, d_ff=4096)
+    j["metadata"]["config"] = json.dumps(cfg)
+    if lie == "index-too":
+        for name, e in j["tensors"].items():
+            if name.endswith("tok_embeddings.weight"):
+                e["shape"] = [HUGE["vocab_size"], HUGE["d_model"]]
+    index.write_text(json.dumps(j))
+    rc, _, err, rss = run("train", "--resume", out, "--out", out, "--fsdp", "--quiet")
+    assert rc == 1, err
+    assert rss < RSS_BOUND, f"peak RSS {rss >> 20} MiB"
+    assert ("as the configuration has it" if lie == "config-only" else "tok_embeddings.weight") in err, err
