@@ -2,7 +2,7 @@
  *
  * The command is a table of routes. Each route says which (IN, OUT) pairs it handles
  * (`accepts`) and does the conversion (`run`); the first route that accepts the pair runs.
- * To add a conversion (Hugging Face directory <-> ctorch checkpoint, --merge-lora, ...):
+ * To add a conversion:
  *   1. add its options to `convert_args` and parse them in `parse_option` (one branch each);
  *   2. add a route to `routes` (before the generic tensor-file routes when it is more
  *      specific, e.g. one that accepts directories);
@@ -11,16 +11,22 @@
  * or interrupted conversion leaves OUT as it was. */
 #include "cli.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* Output formats a route may write. */
 typedef enum convert_format {
     CONVERT_AUTO = 0,    /* from OUT's name: *.safetensors, *.pt / *.pth / *.bin */
     CONVERT_SAFETENSORS, /* a safetensors file (ct_save_safetensors_entries) */
     CONVERT_PT,          /* a torch.save zip checkpoint (ct_save_pt) */
+    CONVERT_HF,          /* a Hugging Face Llama-family directory (ct_hf_save) */
 } convert_format;
 
 /* Everything the command line says. Routes read what they need. */
@@ -28,22 +34,38 @@ typedef struct convert_args {
     const char *in, *out;
     bool has_dtype; /* --dtype D: floating-point tensors are converted to `dtype` */
     ct_dtype dtype;
-    convert_format to; /* --to safetensors|pt, or CONVERT_AUTO */
+    convert_format to; /* --to safetensors|pt|hf, or CONVERT_AUTO */
     bool quiet;        /* --quiet: no summary line */
+    bool merge;        /* --merge-lora [ADAPTER] */
+    const char *lora;  /* its ADAPTER directory; NULL: IN is the adapter directory */
 } convert_args;
 
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: ctorch convert IN OUT [--dtype D] [--to safetensors|pt] [--quiet]\n"
-            "Convert a tensor file; OUT is written atomically (temp file, fsync, rename), so a\n"
-            "failed conversion leaves it as it was.\n"
+            "usage: ctorch convert IN OUT [--dtype D] [--to safetensors|pt|hf] [--quiet]\n"
+            "       ctorch convert BASE OUT --merge-lora ADAPTER [--dtype D] [--to ...]\n"
+            "       ctorch convert ADAPTER OUT --merge-lora\n"
+            "Convert a tensor file or a model; OUT is written atomically (temp file or folder,\n"
+            "fsync, rename), so a failed conversion leaves it as it was.\n"
             "  IN              any file ct_load reads (safetensors, PyTorch .pt zip or legacy\n"
-            "                  checkpoint), detected from its bytes\n"
+            "                  checkpoint), detected from its bytes; or a Hugging Face\n"
+            "                  Llama-family directory (config.json + model.safetensors or shards)\n"
             "  OUT             *.safetensors -> safetensors; *.pt, *.pth, *.bin -> a torch.save\n"
-            "                  zip checkpoint that torch.load(weights_only=True) reads\n"
-            "  --dtype D       convert floating-point tensors to D (f32, f16, bf16, f64, ...);\n"
-            "                  integer and bool tensors keep their dtype. Default: keep dtypes\n"
+            "                  zip checkpoint that torch.load(weights_only=True) reads; any other\n"
+            "                  name -> a Hugging Face directory (new, or empty)\n"
+            "  Models: a HF directory -> *.safetensors writes a ctorch checkpoint (the weights\n"
+            "  under ctorch's names, its config, tokenizer.json as \"tokenizer\", config.json as\n"
+            "  \"hf_config\": `ctorch generate`, `train --init-from` and models.load read it);\n"
+            "  a ctorch checkpoint or a HF directory -> a directory writes the HF layout\n"
+            "  (config.json, model.safetensors or the source's shards + index, tokenizer.json).\n"
+            "  --merge-lora A  fold the PEFT adapter directory A (adapter_config.json +\n"
+            "                  adapter_model.safetensors) into BASE (W += alpha / r B A) and\n"
+            "                  write the merged model; without A, IN is the adapter directory and\n"
+            "                  BASE its base_model_name_or_path\n"
+            "  --dtype D       convert floating-point tensors to D (f32, f16, bf16, f64, ...;\n"
+            "                  models: f32, f16 or bf16); integer and bool tensors keep their\n"
+            "                  dtype. Default: keep dtypes\n"
             "  --to FORMAT     the output format, whatever OUT is called\n"
             "  --quiet         print nothing on success\n"
             "Tensor names are kept (nested .pt containers become dotted names); .pt metadata\n"
@@ -57,19 +79,30 @@ static bool ends_with(const char *s, const char *suffix)
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
+static bool is_regular_file(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static bool is_dir(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 static convert_format out_format(const convert_args *a)
 {
     if (a->to != CONVERT_AUTO) return a->to;
     if (ends_with(a->out, ".safetensors")) return CONVERT_SAFETENSORS;
     if (ends_with(a->out, ".pt") || ends_with(a->out, ".pth") || ends_with(a->out, ".bin"))
         return CONVERT_PT;
+    /* a directory, or a new name without an extension */
+    const char *base = strrchr(a->out, '/');
+    base = base ? base + 1 : a->out;
+    if (is_dir(a->out) || (!is_regular_file(a->out) && *base && !strchr(base, '.')))
+        return CONVERT_HF;
     return CONVERT_AUTO;
-}
-
-static bool is_regular_file(const char *p)
-{
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 
 static bool is_float_dtype(ct_dtype dt)
@@ -154,7 +187,8 @@ static int tensor_set_make(const convert_args *a, const ct_tensor_file *f, tenso
 
 static bool tensor_file_accepts(const convert_args *a)
 {
-    return is_regular_file(a->in) && out_format(a) != CONVERT_AUTO;
+    convert_format f = out_format(a);
+    return is_regular_file(a->in) && (f == CONVERT_SAFETENSORS || f == CONVERT_PT);
 }
 
 static int tensor_file_run(const convert_args *a)
@@ -198,7 +232,513 @@ typedef struct convert_route {
     int (*run)(const convert_args *a);
 } convert_route;
 
+/* ---- route: models (HF directory <-> ctorch checkpoint, --merge-lora) ------------------- */
+
+/* A model read for conversion: the source, its weights in a ct_gpt (f32), its tokenizer. */
+typedef struct model_src {
+    ct_hf_model *hf;   /* a Hugging Face directory, or */
+    ct_tensor_file *f; /* a ctorch checkpoint */
+    ct_gpt_config cfg;
+    ct_dtype dtype; /* the weights' dtype (HF: torch_dtype; checkpoint: the embedding's) */
+    ct_gpt *m;
+    ct_tokenizer *tok; /* NULL when the source has none */
+    char *hf_config;   /* config.json's text (HF) or the checkpoint's "hf_config"; malloc'd */
+} model_src;
+
+static void model_src_free(model_src *s)
+{
+    ct_gpt_free(s->m);
+    ct_hf_close(s->hf);
+    ct_tensor_file_close(s->f);
+    ct_tokenizer_free(s->tok);
+    free(s->hf_config);
+    memset(s, 0, sizeof s[0]);
+}
+
+static char *path_join(const char *dir, const char *name)
+{
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}
+
+#define CONVERT_TEXT_MAX ((size_t)1 << 20) /* config.json, adapter_config.json: as the library */
+
+/* A small text file (at most CONVERT_TEXT_MAX bytes) into a new NUL-terminated buffer. */
+static char *read_text(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "ctorch convert: cannot open '%s': %s\n", path, strerror(errno));
+        return NULL;
+    }
+    char *buf = malloc(CONVERT_TEXT_MAX + 1);
+    size_t n = buf ? fread(buf, 1, CONVERT_TEXT_MAX + 1, f) : 0;
+    bool err = ferror(f);
+    fclose(f);
+    if (!buf || err || n > CONVERT_TEXT_MAX) {
+        fprintf(stderr, "ctorch convert: cannot read '%s'%s\n", path,
+                n > CONVERT_TEXT_MAX ? ": larger than 1 MiB" : "");
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    if (len) *len = n;
+    return buf;
+}
+
+static bool is_hf_dir(const char *p)
+{
+    char *c = path_join(p, "config.json");
+    bool ok = c && is_dir(p) && is_regular_file(c);
+    free(c);
+    return ok;
+}
+
+static bool is_model_dtype(ct_dtype dt)
+{
+    return dt == CT_DTYPE_F32 || dt == CT_DTYPE_F16 || dt == CT_DTYPE_BF16;
+}
+
+/* Open IN (a HF directory or a ctorch checkpoint) and read its weights into an f32 model. */
+static int model_open(const char *path, model_src *s)
+{
+    memset(s, 0, sizeof s[0]);
+    ct_status st;
+    if (is_dir(path)) {
+        if (!is_hf_dir(path)) {
+            fprintf(stderr,
+                    "ctorch convert: '%s' is a directory without config.json: not a Hugging Face "
+                    "model directory\n",
+                    path);
+            return 1;
+        }
+        if ((st = ct_hf_open(path, &s->hf))) return cli_fail("convert", st);
+        s->cfg = *ct_hf_get_config(s->hf);
+        s->dtype = ct_hf_get_info(s->hf)->dtype;
+        char *cp = path_join(path, "config.json"), *tp = path_join(path, "tokenizer.json");
+        if (!cp || !tp) {
+            free(cp);
+            free(tp);
+            return cli_fail("convert", CT_ENOMEM);
+        }
+        s->hf_config = read_text(cp, NULL);
+        free(cp);
+        if (s->hf_config && is_regular_file(tp) && (st = ct_tokenizer_load(path, &s->tok))) {
+            fprintf(stderr, "ctorch convert: warning: %s: %s: %s; the output has no tokenizer\n",
+                    tp, ct_status_name(st), ct_last_error());
+            s->tok = NULL;
+        }
+        free(tp);
+        if (!s->hf_config) return 1;
+    } else {
+        if ((st = ct_load(path, NULL, &s->f))) return cli_fail("convert", st);
+        if ((st = ct_gpt_checkpoint_check(s->f, false, &s->cfg))) {
+            fprintf(stderr,
+                    "ctorch convert: '%s' is not a model ctorch can convert: %s\n"
+                    "(a model is a Hugging Face directory or a ctorch checkpoint: safetensors "
+                    "with \"format\" ctorch-gpt and its \"config\")\n",
+                    path, ct_last_error());
+            return 1;
+        }
+        s->dtype = CT_DTYPE_F32;
+        size_t k;
+        ct_tensor_info inf;
+        if (ct_tensor_file_find(s->f, "tok_embeddings.weight", &k) == CT_OK &&
+            ct_tensor_file_info(s->f, k, &inf) == CT_OK && inf.has_dtype &&
+            is_model_dtype(inf.dtype))
+            s->dtype = inf.dtype;
+        const char *tj = ct_tensor_file_metadata_get(s->f, "tokenizer");
+        if (tj && (st = ct_tokenizer_from_json(tj, strlen(tj), &s->tok)))
+            return cli_fail("convert: the checkpoint's tokenizer", st);
+        const char *hc = ct_tensor_file_metadata_get(s->f, "hf_config");
+        if (hc && !(s->hf_config = strdup(hc))) return cli_fail("convert", CT_ENOMEM);
+    }
+    ct_gpt_options mo = ct_gpt_options_default();
+    mo.batch = 1; /* no activations to speak of: the weights are all that is used */
+    mo.seq = 1;
+    if ((st = ct_gpt_create(&s->cfg, &mo, &s->m)) ||
+        (st = s->hf ? ct_hf_load_params(s->hf, s->m) : ct_gpt_load_params(s->m, s->f)))
+        return cli_fail("convert", st);
+    return 0;
+}
+
+/* --merge-lora without BASE: the adapter's base_model_name_or_path (as written, else relative
+ * to the adapter directory). */
+static char base_from_adapter[4096];
+
+static int model_base_from_adapter(convert_args *a)
+{
+    char *cp = path_join(a->lora, "adapter_config.json");
+    char *text = cp ? read_text(cp, NULL) : NULL;
+    if (!text) {
+        free(cp);
+        return 1;
+    }
+    json_error_t je;
+    json_t *j = json_loads(text, 0, &je);
+    free(text);
+    const char *b = json_string_value(json_object_get(j, "base_model_name_or_path"));
+    int rc = 0;
+    if (!b || !*b) {
+        fprintf(stderr,
+                "ctorch convert: %s %s: give the base model: ctorch convert BASE OUT "
+                "--merge-lora %s\n",
+                cp, j ? "has no base_model_name_or_path" : "is not JSON", a->lora);
+        rc = 1;
+    } else if (b[0] != '/' && !is_dir(b) && !is_regular_file(b)) {
+        snprintf(base_from_adapter, sizeof base_from_adapter, "%s/%s", a->lora, b);
+    } else {
+        snprintf(base_from_adapter, sizeof base_from_adapter, "%s", b);
+    }
+    a->in = base_from_adapter;
+    json_decref(j);
+    free(cp);
+    return rc;
+}
+
+static bool model_accepts(const convert_args *a)
+{
+    if (a->merge || is_dir(a->in)) return true;
+    return is_regular_file(a->in) && out_format(a) == CONVERT_HF;
+}
+
+/* The output dtype of a model tensor: --dtype, else the source's dtype of that tensor (a
+ * checkpoint's own; a HF directory's torch_dtype). */
+static ct_dtype model_tensor_dtype(const convert_args *a, const model_src *s, const char *name)
+{
+    if (a->has_dtype) return a->dtype;
+    size_t k;
+    ct_tensor_info inf;
+    if (s->f && ct_tensor_file_find(s->f, name, &k) == CT_OK &&
+        ct_tensor_file_info(s->f, k, &inf) == CT_OK && inf.has_dtype && is_model_dtype(inf.dtype))
+        return inf.dtype;
+    return s->dtype;
+}
+
+/* The model as a ctorch checkpoint (atomic: ct_save_safetensors_entries). */
+static int write_checkpoint(const convert_args *a, model_src *s)
+{
+    int nt = ct_gpt_num_tensors(s->m), rc = 0;
+    ct_save_entry *e = calloc((size_t)nt, sizeof *e);
+    ct_tensor *views = calloc((size_t)nt, sizeof *views), *conv = calloc((size_t)nt, sizeof *conv);
+    char *cj = NULL, *tj = NULL;
+    if (!e || !views || !conv) {
+        free(e);
+        free(views);
+        free(conv);
+        return cli_fail("convert", CT_ENOMEM);
+    }
+    ct_status st = CT_OK;
+    for (int i = 0; i < nt && !st; i++) {
+        const char *name;
+        if ((st = ct_gpt_tensor(s->m, i, &name, &views[i], NULL))) break;
+        ct_dtype dt = model_tensor_dtype(a, s, name);
+        e[i].name = name;
+        e[i].tensor = &views[i];
+        if (dt != CT_DTYPE_F32) { /* exact when the source had that dtype */
+            if ((st = ct_tensor_cast(&views[i], dt, &conv[i]))) break;
+            e[i].tensor = &conv[i];
+        }
+    }
+    if (!st) st = ct_gpt_config_to_json(&s->cfg, &cj);
+    if (!st && s->tok) st = ct_tokenizer_to_json(s->tok, &tj);
+    if (!st) {
+        const char *mk[8], *mv[8];
+        size_t n = 0;
+        mk[n] = "format", mv[n++] = "ctorch-gpt";
+        mk[n] = "config", mv[n++] = cj;
+        if (tj) mk[n] = "tokenizer", mv[n++] = tj;
+        if (s->hf_config) mk[n] = "hf_config", mv[n++] = s->hf_config;
+        /* a checkpoint's settings that still hold for these weights (not its trainer state:
+         * the weights may have changed, so --resume from here is refused) */
+        static const char *keep[] = {"train", "data"};
+        for (size_t k = 0; s->f && k < sizeof keep / sizeof keep[0]; k++) {
+            const char *v = ct_tensor_file_metadata_get(s->f, keep[k]);
+            if (v) mk[n] = keep[k], mv[n++] = v;
+        }
+        st = ct_save_safetensors_entries(a->out, e, (size_t)nt, mk, mv, n, NULL);
+    }
+    if (st) rc = cli_fail("convert", st);
+    for (int i = 0; conv && i < nt; i++)
+        ct_tensor_free(&conv[i]);
+    free(conv);
+    free(views);
+    free(e);
+    ct_free(cj);
+    ct_free(tj);
+    return rc;
+}
+
+/* Write len bytes to dir/name (the directory is made durable as a whole afterwards). */
+static int write_file(const char *dir, const char *name, const char *data, size_t len)
+{
+    char *p = path_join(dir, name);
+    if (!p) return cli_fail("convert", CT_ENOMEM);
+    int fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    bool ok = fd >= 0;
+    for (size_t o = 0; ok && o < len;) {
+        ssize_t w = write(fd, data + o, len - o);
+        if (w < 0 && errno == EINTR) continue;
+        ok = w > 0;
+        o += ok ? (size_t)w : 0;
+    }
+    if (ok) ok = fsync(fd) == 0;
+    if (fd >= 0 && close(fd) != 0) ok = false;
+    if (!ok) fprintf(stderr, "ctorch convert: cannot write '%s': %s\n", p, strerror(errno));
+    free(p);
+    return ok ? 0 : 1;
+}
+
+/* Does config.json text describe s's model (as ctorch reads it)? */
+static bool config_matches(const char *text, const model_src *s)
+{
+    ct_gpt_config c;
+    ct_hf_info info;
+    char *a = NULL, *b = NULL;
+    bool same = ct_hf_config_parse(text, strlen(text), &c, &info) == CT_OK &&
+                ct_gpt_config_to_json(&c, &a) == CT_OK &&
+                ct_gpt_config_to_json(&s->cfg, &b) == CT_OK && !strcmp(a, b);
+    ct_free(a);
+    ct_free(b);
+    return same;
+}
+
+/* config.json of a checkpoint that came from a HF directory: its "hf_config" as it was (only
+ * torch_dtype set to the saved dtype) when that still describes the model, else its keys with
+ * the shape keys ct_hf_save wrote; so bos / eos ids, architectures and the rest come back. For
+ * a checkpoint made by ctorch: the BOS / EOS ids of its tokenizer added. */
+static int restore_config(const char *dir, const model_src *s)
+{
+    char *cp = path_join(dir, "config.json");
+    char *text = cp ? read_text(cp, NULL) : NULL;
+    free(cp);
+    if (!text) return 1;
+    json_error_t je;
+    json_t *gen = json_loads(text, 0, &je), *old = NULL;
+    free(text);
+    if (s->hf_config) old = json_loads(s->hf_config, 0, &je);
+    if (!gen || (s->hf_config && !json_is_object(old))) {
+        fprintf(stderr, "ctorch convert: the checkpoint's \"hf_config\" is not a JSON object\n");
+        json_decref(gen);
+        json_decref(old);
+        return 1;
+    }
+    char *out = NULL;
+    if (old) {
+        json_object_del(old, "dtype");
+        json_object_set(old, "torch_dtype", json_object_get(gen, "torch_dtype"));
+        out = json_dumps(old, JSON_INDENT(2) | JSON_REAL_PRECISION(15));
+        if (out && !config_matches(out, s)) {
+            free(out);
+            const char *key;
+            json_t *v;
+            json_object_foreach(gen, key, v)
+            {
+                if (strcmp(key, "architectures") && strcmp(key, "model_type"))
+                    json_object_set(old, key, v);
+            }
+            out = json_dumps(old, JSON_INDENT(2) | JSON_REAL_PRECISION(15));
+        }
+    } else {
+        if (s->tok) {
+            int32_t bos = ct_tokenizer_bos(s->tok), eos = ct_tokenizer_eos(s->tok);
+            if (bos >= 0 && bos < s->cfg.vocab_size)
+                json_object_set_new(gen, "bos_token_id", json_integer(bos));
+            if (eos >= 0 && eos < s->cfg.vocab_size)
+                json_object_set_new(gen, "eos_token_id", json_integer(eos));
+        }
+        out = json_dumps(gen, JSON_INDENT(2) | JSON_REAL_PRECISION(15));
+    }
+    json_decref(gen);
+    json_decref(old);
+    if (!out) return cli_fail("convert", CT_ENOMEM);
+    /* what comes back must still be a configuration ctorch reads as this model */
+    if (!config_matches(out, s)) {
+        fprintf(stderr, "ctorch convert: config.json from the checkpoint's \"hf_config\" "
+                        "describes another model than its \"config\": %s\n",
+                        ct_last_error());
+        free(out);
+        return 1;
+    }
+    size_t n = strlen(out);
+    char *withnl = realloc(out, n + 2);
+    if (!withnl) {
+        free(out);
+        return cli_fail("convert", CT_ENOMEM);
+    }
+    withnl[n] = '\n';
+    withnl[n + 1] = '\0';
+    char *cfgp = path_join(dir, "config.json");
+    if (cfgp) remove(cfgp);
+    free(cfgp);
+    int rc = write_file(dir, "config.json", withnl, n + 1);
+    free(withnl);
+    return rc;
+}
+
+/* Remove the files of a temporary output directory, then the directory. */
+static void remove_tree(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *de;
+        while ((de = readdir(d)))
+            if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
+                char *p = path_join(dir, de->d_name);
+                if (p) unlink(p);
+                free(p);
+            }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+static bool dir_is_empty(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return false;
+    struct dirent *de;
+    bool empty = true;
+    while (empty && (de = readdir(d)))
+        empty = !strcmp(de->d_name, ".") || !strcmp(de->d_name, "..");
+    closedir(d);
+    return empty;
+}
+
+/* The model as a Hugging Face directory, built in a temporary directory beside OUT and
+ * renamed onto it (OUT new or empty), so OUT is either untouched or complete. */
+static int write_hf(const convert_args *a, model_src *s)
+{
+    size_t ol = strlen(a->out);
+    while (ol > 1 && a->out[ol - 1] == '/')
+        ol--;
+    char out[4096], tmp[4200];
+    if (ol >= sizeof out) {
+        fprintf(stderr, "ctorch convert: OUT is too long\n");
+        return 2;
+    }
+    memcpy(out, a->out, ol);
+    out[ol] = '\0';
+    if (is_dir(out) ? !dir_is_empty(out) : is_regular_file(out)) {
+        fprintf(stderr,
+                "ctorch convert: '%s' exists and is not an empty directory: a Hugging Face "
+                "directory is written to a new or empty one\n",
+                out);
+        return 1;
+    }
+    snprintf(tmp, sizeof tmp, "%s.tmp-XXXXXX", out);
+    if (!mkdtemp(tmp)) {
+        fprintf(stderr, "ctorch convert: cannot create a directory beside '%s': %s\n", out,
+                strerror(errno));
+        return 1;
+    }
+    ct_hf_save_options o = ct_hf_save_options_default();
+    o.dtype = a->has_dtype ? (int)a->dtype : (int)s->dtype;
+    ct_status st = ct_hf_save(s->m, s->hf, tmp, &o);
+    int rc = st ? cli_fail("convert", st) : 0;
+    if (!rc && !s->hf) rc = restore_config(tmp, s);
+    if (!rc && s->hf) { /* the tokenizer and generation files, as they are */
+        static const char *side[] = {"tokenizer.json", "tokenizer_config.json",
+                                     "special_tokens_map.json", "generation_config.json"};
+        for (size_t i = 0; !rc && i < sizeof side / sizeof side[0]; i++) {
+            char *src = path_join(a->in, side[i]);
+            size_t len = 0;
+            char *data = NULL;
+            if (!src) rc = cli_fail("convert", CT_ENOMEM);
+            /* tokenizer.json may be larger than a config: read it through the tokenizer's
+             * own bound (the library's reader) only when present */
+            else if (is_regular_file(src)) {
+                FILE *f = fopen(src, "rb");
+                struct stat sb;
+                if (!f || fstat(fileno(f), &sb) || sb.st_size > ((off_t)1 << 30) ||
+                    !(data = malloc((size_t)sb.st_size + 1)) ||
+                    fread(data, 1, (size_t)sb.st_size, f) != (size_t)sb.st_size) {
+                    fprintf(stderr, "ctorch convert: cannot read '%s'\n", src);
+                    rc = 1;
+                } else {
+                    len = (size_t)sb.st_size;
+                    rc = write_file(tmp, side[i], data, len);
+                }
+                if (f) fclose(f);
+            }
+            free(data);
+            free(src);
+        }
+    } else if (!rc && s->tok) {
+        char *tp = path_join(tmp, "tokenizer.json");
+        if (!tp || (st = ct_tokenizer_save(s->tok, tp))) rc = cli_fail("convert", st ? st : CT_ENOMEM);
+        free(tp);
+    }
+    if (!rc) {
+        int fd = open(tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fd >= 0) {
+            fsync(fd);
+            close(fd);
+        }
+        if (rename(tmp, out) != 0) {
+            fprintf(stderr, "ctorch convert: cannot rename '%s' to '%s': %s\n", tmp, out,
+                    strerror(errno));
+            rc = 1;
+        } else {
+            char parent[4096];
+            snprintf(parent, sizeof parent, "%s", out);
+            char *sl = strrchr(parent, '/');
+            if (sl == parent) sl[1] = '\0';
+            else if (sl) *sl = '\0';
+            else snprintf(parent, sizeof parent, ".");
+            if ((fd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) >= 0) {
+                fsync(fd);
+                close(fd);
+            }
+        }
+    }
+    if (rc) remove_tree(tmp);
+    return rc;
+}
+
+static int model_run(const convert_args *a)
+{
+    convert_format fmt = out_format(a);
+    if (a->has_dtype && !is_model_dtype(a->dtype)) {
+        fprintf(stderr, "ctorch convert: --dtype %s: a model's weights are f32, f16 or bf16\n",
+                ct_dtype_name(a->dtype));
+        return 2;
+    }
+    if (fmt != CONVERT_SAFETENSORS && fmt != CONVERT_HF) {
+        fprintf(stderr,
+                "ctorch convert: a model converts to a ctorch checkpoint (*.safetensors) or a "
+                "Hugging Face directory (a new name without extension, or --to hf), not '%s'\n",
+                a->out);
+        return 2;
+    }
+    model_src s;
+    int rc = model_open(a->in, &s);
+    int merged = 0;
+    if (!rc && a->merge) {
+        ct_status st = ct_lora_merge(s.m, a->lora, &merged);
+        if (st) rc = cli_fail("convert: --merge-lora", st);
+    }
+    if (!rc) rc = fmt == CONVERT_HF ? write_hf(a, &s) : write_checkpoint(a, &s);
+    if (!rc && !a->quiet) {
+        char adapters[4300] = "";
+        if (a->merge)
+            snprintf(adapters, sizeof adapters, ", %d LoRA adapters of %s merged", merged, a->lora);
+        printf("converted %s (%s, %d layers) -> %s (%s, weights as %s%s)\n", a->in,
+               s.hf ? "Hugging Face directory" : "ctorch checkpoint", (int)s.cfg.n_layer, a->out,
+               fmt == CONVERT_HF ? "Hugging Face directory" : "ctorch checkpoint",
+               a->has_dtype          ? ct_dtype_name(a->dtype)
+               : fmt == CONVERT_HF || s.hf ? ct_dtype_name(s.dtype)
+                                           : "the source's dtypes",
+               adapters);
+    }
+    model_src_free(&s);
+    return rc;
+}
+
 static const convert_route routes[] = {
+    {"model (--merge-lora, HF directory <-> ctorch checkpoint)", model_accepts, model_run},
     {"tensor file -> safetensors / .pt", tensor_file_accepts, tensor_file_run},
 };
 
@@ -222,14 +762,21 @@ static int parse_option(int argc, char **argv, int *i, convert_args *a)
             a->to = CONVERT_SAFETENSORS;
         else if (!strcmp(v, "pt"))
             a->to = CONVERT_PT;
+        else if (!strcmp(v, "hf"))
+            a->to = CONVERT_HF;
         else {
-            fprintf(stderr, "ctorch convert: --to expects safetensors or pt, got '%s'\n", v);
+            fprintf(stderr, "ctorch convert: --to expects safetensors, pt or hf, got '%s'\n", v);
             return -1;
         }
         return 1;
     }
     if (!strcmp(argv[*i], "--quiet")) {
         a->quiet = true;
+        return 1;
+    }
+    if (!strcmp(argv[*i], "--merge-lora")) { /* its value is optional */
+        a->merge = true;
+        if (*i + 1 < argc && argv[*i + 1][0] != '-') a->lora = argv[++*i];
         return 1;
     }
     return 0;
@@ -261,14 +808,27 @@ int cmd_convert(int argc, char **argv)
             return 2;
         }
     }
-    if (!a.in || !a.out) {
+    if (a.merge && a.lora && a.in && !a.out) { /* convert --merge-lora ADAPTER OUT */
+        a.out = a.in;
+        a.in = NULL;
+    }
+    if (!a.out || (!a.in && !a.merge)) {
         usage(stderr);
         return 2;
+    }
+    if (a.merge && !a.in) { /* the base named by the adapter */
+        if (model_base_from_adapter(&a)) return 1;
+    } else if (a.merge && !a.lora) { /* IN is the adapter directory */
+        a.lora = a.in;
+        if (model_base_from_adapter(&a)) return 1;
     }
     for (size_t r = 0; r < sizeof routes / sizeof routes[0]; r++)
         if (routes[r].accepts(&a)) return routes[r].run(&a);
     if (!is_regular_file(a.in))
-        fprintf(stderr, "ctorch convert: '%s' is not a file ctorch can convert from\n", a.in);
+        fprintf(stderr,
+                "ctorch convert: '%s' is not a file ctorch can convert from, nor a Hugging Face "
+                "directory (config.json)\n",
+                a.in);
     else
         fprintf(stderr,
                 "ctorch convert: cannot tell the output format from '%s': name it *.safetensors "

@@ -186,7 +186,8 @@ int cmd_generate(int argc, char **argv)
     ct_gpt_config cfg;
     ct_gpt *m = NULL;
     ct_tokenizer *tok = NULL;
-    int32_t *ids = NULL, *out = NULL, eos = -1;
+    int32_t *ids = NULL, *out = NULL, eos = -1, bos = -1;
+    bool hf_model = false; /* a HF directory, or a checkpoint converted from one (hf_config) */
     int64_t n = 0;
     int rc = 0;
     char *tpath = NULL;
@@ -197,6 +198,8 @@ int cmd_generate(int argc, char **argv)
         if ((s = ct_hf_open(ckpt, &hf))) return cli_fail("generate: --model", s);
         cfg = *ct_hf_get_config(hf);
         eos = ct_hf_get_info(hf)->eos_token;
+        bos = ct_hf_get_info(hf)->bos_token;
+        hf_model = true;
         size_t tl = strlen(ckpt) + sizeof "/tokenizer.json";
         tpath = malloc(tl);
         if (!tpath) {
@@ -233,9 +236,26 @@ int cmd_generate(int argc, char **argv)
             rc = cli_fail("generate: the checkpoint's tokenizer", s);
             goto done;
         }
-        eos = tok ? ct_tokenizer_eos(tok) : 0; /* the corpus's '.' ends a document */
+        /* a checkpoint converted from a HF directory (ctorch convert) keeps its config.json:
+         * the model's BOS / EOS ids, and ids in and out without a tokenizer */
+        const char *hc = ct_tensor_file_metadata_get(f, "hf_config");
+        ct_gpt_config hcfg;
+        ct_hf_info hi;
+        if (hc && ct_hf_config_parse(hc, strlen(hc), &hcfg, &hi) == CT_OK) {
+            hf_model = true;
+            bos = hi.bos_token;
+            eos = hi.eos_token >= 0 ? hi.eos_token : tok ? ct_tokenizer_eos(tok) : -1;
+        } else {
+            eos = tok ? ct_tokenizer_eos(tok) : 0; /* the corpus's '.' ends a document */
+        }
+        if (hf_model && !tok && !prompt_ids && *prompt) {
+            fprintf(stderr, "ctorch generate: %s carries no tokenizer: give the prompt as "
+                            "--prompt-ids\n", ckpt);
+            rc = 2;
+            goto done;
+        }
     }
-    gen_io io = {tok, hf && !tok, !json};
+    gen_io io = {tok, hf_model && !tok, !json};
     /* the prompt as tokens: ids, through the tokenizer, or as corpus words */
     size_t plen = strlen(prompt_ids ? prompt_ids : prompt);
     int64_t cap = (int64_t)plen + 2;
@@ -276,7 +296,7 @@ int cmd_generate(int argc, char **argv)
                 rc = 1;
                 goto done;
             }
-    } else if (!hf) {
+    } else if (!hf_model) {
         char *copy = strdup(prompt), *save = NULL;
         for (char *w = strtok_r(copy, " \t\n", &save); w; w = strtok_r(NULL, " \t\n", &save)) {
             if ((s = ct_corpus_token_parse(w, &ids[n]))) {
@@ -298,7 +318,6 @@ int cmd_generate(int argc, char **argv)
         free(copy);
     }
     if (eos >= cfg.vocab_size) eos = -1;
-    int32_t bos = hf ? ct_hf_get_info(hf)->bos_token : -1;
     if (n == 0 && bos >= 0 && bos < cfg.vocab_size) {
         ids[n++] = bos; /* an empty prompt starts from the model's BOS */
     } else if (n == 0) {

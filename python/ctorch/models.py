@@ -368,16 +368,135 @@ class Lora:
         check(lib.ct_lora_save(self._l, os.fsencode(path), base_model.encode() if base_model else None))
 
 
-def load(path, mmap=True):
+def _hf_tokens(m, hf_config):
+    """bos/eos ids of a checkpoint converted from a HF directory (its "hf_config")."""
+    m.eos_token_id = m.bos_token_id = None
+    if not hf_config:
+        return
+    c = json.loads(hf_config) if isinstance(hf_config, str) else hf_config
+    for key, attr in (("eos_token_id", "eos_token_id"), ("bos_token_id", "bos_token_id")):
+        v = c.get(key)
+        if isinstance(v, list):
+            v = v[0] if v else None
+        if isinstance(v, int) and 0 <= v < m.config["vocab_size"]:
+            setattr(m, attr, v)
+
+
+lib.ct_hf_config_parse.argtypes = [ctypes.c_char_p, ctypes.c_size_t, _P(_Config), _P(_HfInfo)]
+lib.ct_hf_tensor_name.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
+                                  _P(ctypes.c_int)]
+
+
+def _hf_parts(name):
+    """The Hugging Face names of ctorch tensor `name` (two for w_gate_up: gate, up)."""
+    buf, parts, out = ctypes.create_string_buffer(256), ctypes.c_int(), []
+    check(lib.ct_hf_tensor_name(name.encode(), 0, buf, 256, ctypes.byref(parts)))
+    out.append(buf.value.decode())
+    for k in range(1, parts.value):
+        check(lib.ct_hf_tensor_name(name.encode(), k, buf, 256, None))
+        out.append(buf.value.decode())
+    return out
+
+
+def _read_config(config, path):
+    """(ctorch config dict, bos, eos) of `config`: a dict, JSON text or a config.json path; a
+    Hugging Face config.json (it has "architectures" or "model_type") is read by
+    ct_hf_config_parse, anything else as a ctorch configuration."""
+    if isinstance(config, (str, bytes, os.PathLike)) and not str(config).lstrip().startswith("{"):
+        with open(config, "rb") as f:
+            config = f.read().decode()
+    d = json.loads(config) if isinstance(config, (str, bytes)) else dict(config)
+    if "architectures" in d or "model_type" in d:
+        text = json.dumps(d).encode()
+        c, info = lib.ct_gpt_config_default(), _HfInfo()
+        check(lib.ct_hf_config_parse(text, len(text), ctypes.byref(c), ctypes.byref(info)))
+        return (_config_dict(c), info.bos_token if info.bos_token >= 0 else None,
+                info.eos_token if info.eos_token >= 0 else None)
+    return d, None, None
+
+
+def _load_file(path, config):
+    """A model from a ctorch checkpoint or any file ct_load reads (a torch.save state dict,
+    safetensors) with a configuration (see load)."""
+    from . import io
+    with io.SafetensorsFile(path) as f:
+        meta = f.metadata
+        src = config
+        if src is None:
+            src = meta.get("config")
+        beside = os.path.join(os.path.dirname(os.path.abspath(path)), "config.json")
+        if src is None and os.path.isfile(beside):
+            src = beside
+        if src is None:
+            raise ValueError(f"ctorch.models.load: {path} carries no configuration: pass "
+                             "config= (a dict, JSON or a config.json path), store it in the file "
+                             "under \"config\", or put config.json beside it")
+        cfg, bos, eos = _read_config(src, path)
+        m = Model(cfg)
+        names = m.names()
+        keys = list(f.keys())
+        # ctorch names or Hugging Face names, under one prefix ("model." of {"model": sd}, ...)
+        prefix, hf = None, False
+        for k in keys:
+            for suffix, is_hf in (("tok_embeddings.weight", False), ("model.embed_tokens.weight", True)):
+                if k.endswith(suffix) and (k == suffix or k[-len(suffix) - 1] == "."):
+                    prefix, hf = k[:-len(suffix)], is_hf
+                    break
+            if prefix is not None:
+                break
+        if prefix is None:
+            raise ValueError(f"ctorch.models.load: {path} holds no tok_embeddings.weight or "
+                             "model.embed_tokens.weight (not a Llama-family state dict)")
+        want, used = {}, set()
+        for n in names:
+            parts = _hf_parts(n) if hf else [n]
+            arrs = []
+            for p_ in parts:
+                if prefix + p_ not in f:
+                    raise ValueError(f"ctorch.models.load: {path} has no tensor '{prefix + p_}'")
+                arrs.append(torch.from_numpy(f.to(prefix + p_, "f32").copy()))
+                used.add(prefix + p_)
+            want[n] = arrs[0] if len(arrs) == 1 else torch.cat(arrs, 0)
+        for k in keys:
+            if not k.startswith(prefix) or k in used:
+                continue
+            rest = k[len(prefix):]
+            if hf and rest.endswith(".self_attn.rotary_emb.inv_freq"):
+                continue  # a derived buffer of older checkpoints
+            if hf and rest == "lm_head.weight" and m.config["tied"]:
+                if not torch.equal(torch.from_numpy(f.to(k, "f32").copy()), want["tok_embeddings.weight"]):
+                    raise ValueError(f"ctorch.models.load: {path}: '{k}' of a tied model differs "
+                                     "from the embedding")
+                continue
+            if not hf and rest.startswith(("optimizer.", "grad.")):
+                continue
+            raise ValueError(f"ctorch.models.load: {path}: tensor '{k}' is not a tensor of this "
+                             "model")
+        m.set_weights(want)
+        if bos is None and eos is None:
+            _hf_tokens(m, meta.get("hf_config"))
+        else:
+            m.bos_token_id, m.eos_token_id = bos, eos
+        return m
+
+
+def load(path, mmap=True, config=None):
     """A Model from a Hugging Face Llama-family directory (config.json + model.safetensors or
-    shards) or a ctorch checkpoint (.safetensors with the "config" metadata).
+    shards), a ctorch checkpoint (.safetensors with the "config" metadata), or a PyTorch
+    state dict (`torch.save`, .pt / .bin, read by ct_load without running the pickle; also
+    a safetensors file) with a configuration: `config` (a dict, JSON text or a config.json
+    path, Hugging Face's or ctorch's), else a "config" entry saved in the file (torch.save({
+    "config": {...}, "model": state_dict})), else a config.json beside the file. Tensor names
+    are ctorch's or Hugging Face's (model.layers.N.self_attn.q_proj.weight, ...), under one
+    prefix ("model." for {"model": state_dict}).
 
     mmap (directories only): True (default) reads f32 weights in place from the mapped files
     (no copy; the model is inference-only); False copies them into the model's own f32 buffers
     (bf16 / f16 are converted either way), so loss_and_grads works."""
-    from . import io
     path = os.fspath(path)
     if os.path.isdir(path):
+        if config is not None:
+            raise ValueError("ctorch.models.load: a directory has its own config.json")
         hf = _HfDir(path)
         cfg = _config_dict(lib.ct_hf_get_config(hf.h).contents)
         m = Model(cfg, _hf=hf, _mapped=mmap)
@@ -388,13 +507,5 @@ def load(path, mmap=True):
         m.bos_token_id = info.bos_token if info.bos_token >= 0 else None
         return m
     if os.path.isfile(path):
-        with io.SafetensorsFile(path) as f:
-            meta = f.metadata
-            if "config" not in meta:
-                raise ValueError(f"ctorch.models.load: {path} has no \"config\" metadata (not a "
-                                 "ctorch checkpoint)")
-            m = Model(meta["config"])
-            names = m.names()
-            m.set_weights({k: torch.from_numpy(f.to(k, "f32").copy()) for k in names})
-            return m
+        return _load_file(path, config)
     raise ValueError(f"ctorch.models.load: {path} is neither a directory nor a file")

@@ -290,3 +290,51 @@ def test_tied_lm_head_equal_to_the_embedding_is_accepted(tmp_path):
     del w["lm_head.weight"]
     ok, err = rel_close(models.load(tmp_path).forward(ids), ref.forward(cfg, w, ids))
     assert ok, err
+
+
+@pytest.mark.parametrize("name", ["llama-llama3-rope", "qwen2"])
+def test_load_pt_state_dict_with_a_config(tmp_path, name):
+    """models.load of torch.save files: HF-named state dicts with the config in the file or a
+    config.json beside, ctorch-named ones with config=, views and bf16 kept by the reader."""
+    import json
+    cfg = CONFIGS[name]
+    w = ref.random_weights(cfg, seed=11)
+    ids = tokens(cfg, 2, 10, 2)
+    want = ref.forward(cfg, w, ids).detach()
+    # {"config": config.json, "model": state dict} in one .pt
+    p = tmp_path / "ck.pt"
+    torch.save({"config": cfg, "model": {k: v.detach() for k, v in w.items()}}, p)
+    m = models.load(p)
+    ok, err = rel_close(m.forward(ids), want)
+    assert ok, err
+    assert m.eos_token_id == 2 and m.bos_token_id == 1
+    # pytorch_model.bin beside config.json (a tied model's lm_head equal to the embedding is
+    # accepted, as is the derived inv_freq buffer)
+    d = tmp_path / "hf"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    sd = {k: v.detach().to(torch.bfloat16) for k, v in w.items()}
+    if cfg["tie_word_embeddings"]:
+        sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+    sd["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(4)
+    torch.save(sd, d / "pytorch_model.bin")
+    wr = rounded(w, torch.bfloat16)
+    ok, err = rel_close(models.load(d / "pytorch_model.bin").forward(ids), ref.forward(cfg, wr, ids).detach())
+    assert ok, err
+    # ctorch names with a ctorch configuration given; the gate/up halves as views of one storage
+    ct = {k: v.detach() for k, v in ref.to_ctorch(cfg, w).items()}
+    q = tmp_path / "ct.pt"
+    torch.save(ct, q)
+    m2 = models.load(q, config=ref.ctorch_config(cfg))
+    assert torch.equal(m2.forward(ids), m.forward(ids))
+    # refused by name: no configuration, a foreign tensor, a missing one
+    with pytest.raises(ValueError, match="config"):
+        models.load(q)
+    bad = dict(sd, **{"model.layers.0.mlp.frob.weight": torch.ones(2)})
+    torch.save(bad, d / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="frob"):
+        models.load(d / "pytorch_model.bin")
+    sd.pop("model.norm.weight")
+    torch.save(sd, d / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="model.norm.weight"):
+        models.load(d / "pytorch_model.bin")

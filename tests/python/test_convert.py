@@ -1,0 +1,194 @@
+"""`ctorch convert` of models: a Hugging Face Llama-family directory <-> a ctorch checkpoint
+(dtypes kept or --dtype, shards, config.json and the tokenizer carried), and --merge-lora
+(a PEFT adapter folded into its base: PEFT's maths W + alpha / r B A in torch), each output
+written atomically; the converted models against the reference maths of hf_reference.py."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import hf_reference as ref  # noqa: E402
+from test_models import CONFIGS, read_dir, rel_close, tokens  # noqa: E402
+
+from ctorch import io, models  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def cli_path():
+    if os.environ.get("CTORCH_CLI"):
+        return os.environ["CTORCH_CLI"]
+    lib = os.environ.get("CTORCH_LIB")
+    return os.path.join(os.path.dirname(lib), "ctorch") if lib else os.path.join(ROOT, "build", "ctorch")
+
+
+def run(*args, rc=0):
+    r = subprocess.run([cli_path(), *map(str, args)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == rc, f"ctorch {' '.join(map(str, args))}: rc {r.returncode}\n{r.stderr}"
+    return r
+
+
+ST = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+
+
+@pytest.mark.parametrize("name,dtype,shards", [
+    ("llama", torch.float32, 1), ("llama-llama3-rope", torch.bfloat16, 3),
+    ("llama-linear-rope-bias", torch.float16, 2), ("qwen2", torch.bfloat16, 1)])
+def test_hf_directory_to_checkpoint_and_back(tmp_path, name, dtype, shards):
+    cfg = CONFIGS[name]
+    w = ref.random_weights(cfg, seed=7)
+    src = tmp_path / "src"
+    ref.save_hf(src, cfg, w, dtype=dtype, shards=shards)
+    (src / "generation_config.json").write_text('{"do_sample": false}\n')
+    ck = tmp_path / "model.safetensors"
+    r = run("convert", src, ck)
+    assert "ctorch checkpoint" in r.stdout
+    # a ctorch checkpoint: ctorch names, the source's dtype, the config, config.json kept
+    with io.SafetensorsFile(ck) as f:
+        meta = f.metadata
+        assert meta["format"] == "ctorch-gpt" and json.loads(meta["hf_config"]) == json.load(open(src / "config.json"))
+        want = ref.to_ctorch(cfg, {k: v.detach().to(dtype) for k, v in w.items()})
+        assert set(f.keys()) == set(want)
+        for k, v in want.items():
+            assert f.info(k)["dtype"].upper() == ST[dtype], (k, f.info(k)["dtype"])
+            got = torch.from_numpy(f.to(k, "f32").copy())
+            assert torch.equal(got, v.to(torch.float32)), k
+    # it computes what the reference computes on the stored weights
+    ids = tokens(cfg, 2, 11, 3)
+    wr = {k: v.detach().to(dtype).to(torch.float32) for k, v in w.items()}
+    ok, err = rel_close(models.load(ck).forward(ids), ref.forward(cfg, wr, ids).detach())
+    assert ok, err
+    # generation from the checkpoint is the directory's (EOS from its config.json, ids in/out)
+    g = [json.loads(run("generate", "--model", m, "--prompt-ids", "3 5 7", "--greedy",
+                        "--max-new-tokens", 6, "--json").stdout) for m in (src, ck)]
+    assert g[0]["new_ids"] == g[1]["new_ids"] and g[0]["prompt_ids"] == [3, 5, 7]
+    assert models.load(ck).eos_token_id == 2 and models.load(ck).bos_token_id == 1
+    # and back: the same layout, names, dtypes, shards, bytes and config.json
+    back = tmp_path / "back"
+    run("convert", ck, back)
+    a, fa = read_dir(src)
+    b, fb = read_dir(back)
+    assert a == b
+    assert set(fb.values()) == {"model.safetensors"}  # a checkpoint holds no shard layout
+    assert json.load(open(back / "config.json")) == json.load(open(src / "config.json"))
+    # a directory to a directory keeps the shards and the side files
+    again = tmp_path / "again"
+    run("convert", src, again)
+    assert read_dir(again) == read_dir(src)
+    assert (again / "generation_config.json").read_text() == '{"do_sample": false}\n'
+    assert sorted(os.listdir(tmp_path)) == ["again", "back", "model.safetensors", "src"]
+
+
+def test_dtype_option_and_tokenizer(tmp_path):
+    cfg = ref.llama_config(vocab_size=300)
+    w = ref.random_weights(cfg, seed=3)
+    src = tmp_path / "src"
+    ref.save_hf(src, cfg, w, dtype=torch.float32)
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog " * 30)
+    run("tokenizer", "train", "--data", text, "--out", src / "tokenizer.json", "--vocab", 280)
+    ck = tmp_path / "half.safetensors"
+    run("convert", src, ck, "--dtype", "bf16")
+    with io.SafetensorsFile(ck) as f:
+        assert {f.info(k)["dtype"].upper() for k in f.keys()} == {"BF16"}
+        tj = json.loads(f.metadata["tokenizer"])
+        assert tj == json.load(open(src / "tokenizer.json"))
+        emb = torch.from_numpy(f.to("tok_embeddings.weight", "f32").copy())
+    assert torch.equal(emb, w["model.embed_tokens.weight"].to(torch.bfloat16).float())
+    out = tmp_path / "f16dir"
+    run("convert", ck, out, "--dtype", "f16")
+    t, _ = read_dir(out)
+    assert {v[0] for v in t.values()} == {"F16"}
+    c = json.load(open(out / "config.json"))
+    assert c["torch_dtype"] == "float16" and c["bos_token_id"] == 1 and c["eos_token_id"] == 2
+    assert json.load(open(out / "tokenizer.json")) == json.load(open(src / "tokenizer.json"))
+    # the converted model generates through its tokenizer as the source does
+    g1 = run("generate", "--model", src, "--prompt", "the quick", "--greedy", "--max-new-tokens", 5, "--json", "--ignore-eos")
+    g2 = run("generate", "--model", ck, "--prompt", "the quick", "--greedy", "--max-new-tokens", 5, "--json", "--ignore-eos")
+    assert json.loads(g1.stdout)["prompt_ids"] == json.loads(g2.stdout)["prompt_ids"]
+
+
+def test_merge_lora(tmp_path):
+    cfg = CONFIGS["llama-llama3-rope"]
+    w = ref.random_weights(cfg, seed=4)
+    base = tmp_path / "base"
+    ref.save_hf(base, cfg, w, dtype=torch.float32, shards=2)
+    m = models.Model(ref.ctorch_config(cfg))
+    m.set_weights(ref.to_ctorch(cfg, w))
+    lora = models.Lora(m, rank=2, alpha=6.0, targets="q,v,gate,up,down")
+    g = torch.Generator().manual_seed(9)
+    lora.set_weights({k: torch.randn(v.shape, generator=g) * 0.1 for k, v in lora.state_dict().items()})
+    ad = tmp_path / "adapter"
+    lora.save(ad, base_model=str(base))
+    # PEFT's maths: W + alpha / r B A
+    sd = lora.state_dict()
+    merged = {k: v.clone() for k, v in w.items()}
+    for k in list(merged):
+        a = f"base_model.model.{k[:-len('.weight')]}.lora_A.weight"
+        if a in sd:
+            merged[k] = merged[k] + 3.0 * sd[a.replace("lora_A", "lora_B")] @ sd[a]
+    ids = tokens(cfg, 2, 9, 5)
+    want = ref.forward(cfg, merged, ids).detach()
+    out = tmp_path / "merged"
+    r = run("convert", base, out, "--merge-lora", ad)
+    assert "10 LoRA adapters" in r.stdout
+    ok, err = rel_close(models.load(out).forward(ids), want)
+    assert ok, err
+    t, files = read_dir(out)
+    assert set(files.values()) == set(read_dir(base)[1].values())  # the base's shards
+    # the base named by the adapter, into a ctorch checkpoint
+    ck = tmp_path / "merged.safetensors"
+    run("convert", ad, ck, "--merge-lora")
+    ok, err = rel_close(models.load(ck).forward(ids), want)
+    assert ok, err
+    # a checkpoint base, --merge-lora first
+    ck2 = tmp_path / "merged2.safetensors"
+    run("convert", "--merge-lora", ad, ck, ck2)  # merged twice: W + 2 s B A
+    twice = {k: v + (merged[k] - w[k]) for k, v in merged.items()}
+    ok, err = rel_close(models.load(ck2).forward(ids), ref.forward(cfg, twice, ids).detach())
+    assert ok, err
+
+
+def test_model_conversions_are_atomic_and_refuse_bad_input(tmp_path):
+    cfg = CONFIGS["llama"]
+    src = tmp_path / "src"
+    ref.save_hf(src, cfg, ref.random_weights(cfg), dtype=torch.float32)
+    # a non-empty OUT directory is refused and left alone
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep").write_text("x")
+    r = run("convert", src, full, rc=1)
+    assert "not an empty directory" in r.stderr and os.listdir(full) == ["keep"]
+    # a failing conversion leaves no OUT and no temporary directory
+    ad = tmp_path / "ad"
+    ad.mkdir()
+    (ad / "adapter_config.json").write_text(json.dumps({"r": 2, "lora_alpha": 4, "target_modules": ["q_proj"],
+                                                        "use_dora": True}))
+    r = run("convert", src, tmp_path / "out", "--merge-lora", ad, rc=1)
+    assert "use_dora" in r.stderr
+    r = run("convert", src, tmp_path / "out.safetensors", "--merge-lora", ad, rc=1)
+    assert sorted(os.listdir(tmp_path)) == ["ad", "full", "src"]
+    # an adapter without a base, a file that is no model, hostile configs by name
+    (ad / "adapter_config.json").write_text(json.dumps({"r": 2, "lora_alpha": 4, "target_modules": ["q_proj"]}))
+    r = run("convert", ad, tmp_path / "o", "--merge-lora", rc=1)
+    assert "base_model_name_or_path" in r.stderr
+    plain = tmp_path / "plain.safetensors"
+    ref.write_safetensors(str(plain), {"w": torch.ones(2)})
+    r = run("convert", plain, tmp_path / "o", rc=1)
+    assert "not a model" in r.stderr and "ctorch-gpt" in r.stderr
+    c = json.load(open(src / "config.json"))
+    c["frobnicate"] = 1
+    json.dump(c, open(src / "config.json", "w"))
+    r = run("convert", src, tmp_path / "o.safetensors", rc=1)
+    assert "frobnicate" in r.stderr
+    r = run("convert", src, tmp_path / "o.pt", rc=2)
+    assert "ctorch checkpoint" in r.stderr
+    r = run("convert", tmp_path / "ad", tmp_path / "o", rc=1)
+    assert "config.json" in r.stderr
+    r = run("convert", plain, tmp_path / "o", "--dtype", "i8", "--to", "hf", rc=2)
+    assert sorted(os.listdir(tmp_path)) == ["ad", "full", "plain.safetensors", "src"]
