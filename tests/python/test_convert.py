@@ -192,3 +192,18 @@ def test_model_conversions_are_atomic_and_refuse_bad_input(tmp_path):
     assert "config.json" in r.stderr
     r = run("convert", plain, tmp_path / "o", "--dtype", "i8", "--to", "hf", rc=2)
     assert sorted(os.listdir(tmp_path)) == ["ad", "full", "plain.safetensors", "src"]
+
+
+def test_bench_hf_runs_and_cleans_up(tmp_path):
+    """`ctorch bench hf` on a small directory (timing decides nothing here)."""
+    r = run("bench", "hf", "--layers", 3, "--vocab", 512, "--hidden", 512, "--intermediate", 256,
+            "--shard-mib", 1, "--dir", tmp_path, "--json", "--repeats", 3)
+    j = json.loads(r.stdout)
+    d = j["directory"]
+    C, F_, V, L = 512, 256, 512, 3
+    per_layer = 2 * C + C * C + 2 * C * 64 + C * C + 3 * C * F_  # norms, q, k, v (1 kv head), o, mlp
+    assert d["data_bytes"] == 2 * (2 * V * C + C + L * per_layer) and d["tensors"] == 3 + 9 * L
+    assert d["shards"] > 1 and j["open"]["median_s"] > 0 and j["shards_ct_load"]["repeats"] == 3
+    assert os.listdir(tmp_path) == []
+    assert run("bench", "hf", "--help").stdout.startswith("usage: ctorch bench hf")
+    assert "--hidden" in run("bench", "hf", "--hidden", 100, rc=2).stderr
