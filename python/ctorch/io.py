@@ -357,7 +357,9 @@ def _as_array(v):
     return None, a, None
 
 
-def _entries(tensors, keep):
+def _entries(tensors, keep, fn="ctorch.io.save"):
+    """The ct_save_entry array of tensors (views of numpy arrays where the strides allow, raw
+    bytes for dtypes ctorch has no ct_dtype for); what must outlive the call goes to keep."""
     entries = (_SaveEntry * max(1, len(tensors)))()
     for i, (name, v) in enumerate(tensors.items()):
         forced, a, _ = _as_array(v)
@@ -380,7 +382,7 @@ def _entries(tensors, keep):
         else:
             st = _NP_RAW.get(a.dtype) or {np.dtype(k): n for n, k in NUMPY.items()}.get(a.dtype)
             if st is None:
-                raise TypeError(f"ctorch.io.save: tensor {name!r} has dtype {a.dtype}, which "
+                raise TypeError(f"{fn}: tensor {name!r} has dtype {a.dtype}, which "
                                 "safetensors cannot hold")
             a = np.ascontiguousarray(a)
             shape = (ctypes.c_int64 * max(1, a.ndim))(*a.shape)
@@ -395,7 +397,7 @@ def save_pt(path, tensors, sync=True):
     """Write tensors (a dict name -> numpy array or torch tensor) to a torch.save zip checkpoint
     with ct_save_pt_entries (atomic): an OrderedDict that torch.load(weights_only=True) reads."""
     keep = []
-    entries = _entries(tensors, keep)
+    entries = _entries(tensors, keep, "ctorch.io.save_pt")
     o = lib.ct_save_options_default()
     o.sync = bool(sync)
     check(lib.ct_save_pt_entries(_path(path), entries, len(tensors), ctypes.byref(o)))
@@ -406,37 +408,8 @@ def save(path, tensors, metadata=None, sync=True, anonymous_temp=True):
     """Write tensors (a dict name -> numpy array or torch tensor) and metadata (dict of str) to
     a safetensors file with ct_save_safetensors_entries (atomic; layout by descending element
     size, ties in dict order). Strided numpy arrays are passed without copying."""
-    entries = (_SaveEntry * max(1, len(tensors)))()
     keep = []
-    for i, (name, v) in enumerate(tensors.items()):
-        forced, a, _ = _as_array(v)
-        e = entries[i]
-        e.name = name.encode()
-        keep.append(e.name)
-        ct = forced if forced is not None else _NP_CT.get(a.dtype)
-        if ct is not None and a.ndim <= MAX_DIMS:
-            isz = a.itemsize
-            if any(s < 0 or s % isz for s in a.strides):
-                a = np.ascontiguousarray(a)
-            t = _Tensor()
-            t.data = a.ctypes.data if a.size else None
-            t.dtype, t.ndim = ct, a.ndim
-            for d in range(a.ndim):
-                t.shape[d] = a.shape[d]
-                t.strides[d] = a.strides[d] // isz
-            keep += [a, t]
-            e.tensor = ctypes.pointer(t)
-        else:
-            st = _NP_RAW.get(a.dtype) or {np.dtype(k): n for n, k in NUMPY.items()}.get(a.dtype)
-            if st is None:
-                raise TypeError(f"ctorch.io.save: tensor {name!r} has dtype {a.dtype}, which "
-                                "safetensors cannot hold")
-            a = np.ascontiguousarray(a)
-            shape = (ctypes.c_int64 * max(1, a.ndim))(*a.shape)
-            keep += [a, shape]
-            e.st_dtype, e.ndim = ST_DTYPES.index(st), a.ndim
-            e.shape = ctypes.cast(shape, _i64p)
-            e.data = a.ctypes.data if a.size else None
+    entries = _entries(tensors, keep)
     metadata = metadata or {}
     mk = (ctypes.c_char_p * max(1, len(metadata)))(*[k.encode() for k in metadata])
     mv = (ctypes.c_char_p * max(1, len(metadata)))(*[str(v).encode() for v in metadata.values()])

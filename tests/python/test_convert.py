@@ -4,7 +4,6 @@
 written atomically; the converted models against the reference maths of hf_reference.py."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -13,6 +12,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import hf_reference as ref  # noqa: E402
+from conftest import ctorch  # noqa: E402
 from test_models import CONFIGS, read_dir, rel_close, tokens  # noqa: E402
 
 from ctorch import io, models  # noqa: E402
@@ -20,15 +20,8 @@ from ctorch import io, models  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
-def cli_path():
-    if os.environ.get("CTORCH_CLI"):
-        return os.environ["CTORCH_CLI"]
-    lib = os.environ.get("CTORCH_LIB")
-    return os.path.join(os.path.dirname(lib), "ctorch") if lib else os.path.join(ROOT, "build", "ctorch")
-
-
 def run(*args, rc=0):
-    r = subprocess.run([cli_path(), *map(str, args)], capture_output=True, text=True, timeout=300)
+    r = ctorch(*args, ok=False)
     assert r.returncode == rc, f"ctorch {' '.join(map(str, args))}: rc {r.returncode}\n{r.stderr}"
     return r
 

@@ -4,7 +4,6 @@ exact resume), LoRA adapters (their gradients against PEFT's maths in torch, PEF
 merging, resume) and hostile adapter files."""
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -21,22 +20,7 @@ from ctorch import models  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import torch_train  # noqa: E402  (read_safetensors)
-
-
-def cli_path():
-    if os.environ.get("CTORCH_CLI"):
-        return os.environ["CTORCH_CLI"]
-    lib = os.environ.get("CTORCH_LIB")
-    if lib:
-        return os.path.join(os.path.dirname(lib), "ctorch")
-    return os.path.join(ROOT, "build", "ctorch")
-
-
-def ctorch(*args, ok=True):
-    r = subprocess.run([cli_path(), *map(str, args)], capture_output=True, text=True, timeout=300)
-    if ok:
-        assert r.returncode == 0, f"ctorch {' '.join(map(str, args))} failed ({r.returncode}):\n{r.stderr}"
-    return r
+from conftest import ctorch  # noqa: E402
 
 
 TEXT = ("The quick brown fox jumps over the lazy dog. A stitch in time saves nine. "

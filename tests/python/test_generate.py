@@ -8,7 +8,6 @@ temperature -> top-k -> top-p distribution equals the one built from torch's own
 raise what PyTorch / transformers raise."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -16,6 +15,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_reference as ref  # noqa: E402
+from conftest import ctorch as run  # noqa: E402
 
 from ctorch import _generate, models  # noqa: E402
 
@@ -202,32 +202,9 @@ def test_bad_arguments_raise_like_pytorch():
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def cli_path():
-    if os.environ.get("CTORCH_CLI"):
-        return os.environ["CTORCH_CLI"]
-    lib = os.environ.get("CTORCH_LIB")
-    if lib:
-        return os.path.join(os.path.dirname(lib), "ctorch")
-    return os.path.join(ROOT, "build", "ctorch")
-
-
-def run(*args, ok=True):
-    r = subprocess.run([cli_path(), *map(str, args)], capture_output=True, text=True, timeout=120)
-    if ok:
-        assert r.returncode == 0, f"ctorch {' '.join(map(str, args))} failed:\n{r.stderr}"
-    return r
-
-
-TINY = ["--vocab", 512, "--classes", 8, "--sentence", 5, "--repeats", 3, "--layers", 2,
-        "--d-model", 32, "--heads", 4, "--kv-heads", 2, "--ffn", 48, "--context", 32, "--batch", 3,
-        "--window", 6]
-
-
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    d = tmp_path_factory.mktemp("gen")
-    run("train", *TINY, "--steps", 30, "--quiet", "--out", d)
-    return d / "checkpoint.safetensors"
+def checkpoint(tiny_run):
+    return tiny_run / "checkpoint.safetensors"
 
 
 def gen_json(ck, *args):

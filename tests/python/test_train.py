@@ -13,27 +13,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import torch_train  # noqa: E402  (the PyTorch model of bench/torch_train.py)
-
-
-def cli_path():
-    if os.environ.get("CTORCH_CLI"):
-        return os.environ["CTORCH_CLI"]
-    lib = os.environ.get("CTORCH_LIB")
-    if lib:
-        return os.path.join(os.path.dirname(lib), "ctorch")
-    return os.path.join(ROOT, "build", "ctorch")
-
-
-def ctorch(*args, ok=True):
-    r = subprocess.run([cli_path(), *map(str, args)], capture_output=True, text=True, timeout=120)
-    if ok:
-        assert r.returncode == 0, f"ctorch {' '.join(map(str, args))} failed ({r.returncode}):\n{r.stderr}"
-    return r
-
-
-# A tiny corpus (512 tokens, documents of a 5-word sentence x 3 = 16 tokens) and model.
-TINY = ["--vocab", 512, "--classes", 8, "--sentence", 5, "--repeats", 3, "--layers", 2, "--d-model", 32,
-        "--heads", 4, "--kv-heads", 2, "--ffn", 48, "--context", 32, "--batch", 3]
+from conftest import TINY, cli_path, ctorch  # noqa: E402
 
 
 @pytest.mark.parametrize("extra", [
