@@ -300,6 +300,12 @@ int bench_hf(bench_ctx *b, int argc, char **argv)
         rc = cli_fail("bench hf", st);
     remove_dir(c.dir);
     remove_dir(c.small);
+    for (int i = 0; i < c.nshards && c.shards; i++)
+        free(c.shards[i]);
+    for (int i = 0; i < cs.nshards && cs.shards; i++)
+        free(cs.shards[i]);
+    free(c.shards);
+    free(cs.shards);
     if (rc) return rc;
     json_t *j = json_pack(
         "{s:s, s:o, s:{s:I, s:i, s:i, s:I, s:s, s:s}, s:o, s:o, s:o, s:f, s:f}", "bench", "hf",
