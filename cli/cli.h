@@ -21,6 +21,14 @@ int cmd_checkpoint(int argc, char **argv);
 /* ctorch inspect DIR: a sharded checkpoint directory (cmd_checkpoint.c). */
 int cli_inspect_sharded(const char *dir, bool json);
 int cmd_convert(int argc, char **argv);
+/* A model from a PyTorch state dict / tensor file without ctorch's "format" (model_pt.c): its
+ * configuration from the file's "config" entry or a config.json beside it (Hugging Face's or
+ * ctorch's; *config_text, may be NULL, receives a HF config.json's text, malloc'd), then its
+ * tensors (ctorch or HF names under one prefix; others refused by name) into m. 0 or an exit
+ * status, the message printed. */
+int cli_pt_model_config(const char *path, const ct_tensor_file *f, ct_gpt_config *cfg,
+                        ct_hf_info *info, char **config_text);
+int cli_pt_model_load(const char *path, const ct_tensor_file *f, ct_gpt *m);
 
 /* Print "ctorch: <what>: <status>: <last error>" to stderr and return exit status 1. */
 int cli_fail(const char *what, ct_status s);

@@ -243,6 +243,7 @@ typedef struct model_src {
     ct_gpt *m;
     ct_tokenizer *tok; /* NULL when the source has none */
     char *hf_config;   /* config.json's text (HF) or the checkpoint's "hf_config"; malloc'd */
+    bool pt;           /* f is a PyTorch state dict with a configuration (model_pt.c) */
 } model_src;
 
 static void model_src_free(model_src *s)
@@ -334,6 +335,26 @@ static int model_open(const char *path, model_src *s)
         if (!s->hf_config) return 1;
     } else {
         if ((st = ct_load(path, NULL, &s->f))) return cli_fail("convert", st);
+        const char *fmt = ct_tensor_file_metadata_get(s->f, "format");
+        if (!fmt || strcmp(fmt, "ctorch-gpt")) {
+            /* a PyTorch state dict with its configuration inside or a config.json beside it
+             * (model_pt.c), and the tokenizer.json beside it when there is one */
+            ct_hf_info pi;
+            if (cli_pt_model_config(path, s->f, &s->cfg, &pi, &s->hf_config)) return 1;
+            s->pt = true;
+            s->dtype = pi.dtype;
+            const char *sl = strrchr(path, '/');
+            char tp[4200];
+            snprintf(tp, sizeof tp, "%.*s/tokenizer.json", sl ? (int)(sl - path) : 1,
+                     sl ? path : ".");
+            if (is_regular_file(tp) && (st = ct_tokenizer_load(tp, &s->tok))) {
+                fprintf(stderr,
+                        "ctorch convert: warning: %s: %s: %s; the output has no tokenizer\n", tp,
+                        ct_status_name(st), ct_last_error());
+                s->tok = NULL;
+            }
+            goto create;
+        }
         if ((st = ct_gpt_checkpoint_check(s->f, false, &s->cfg))) {
             fprintf(stderr,
                     "ctorch convert: '%s' is not a model ctorch can convert: %s\n"
@@ -355,12 +376,14 @@ static int model_open(const char *path, model_src *s)
         const char *hc = ct_tensor_file_metadata_get(s->f, "hf_config");
         if (hc && !(s->hf_config = strdup(hc))) return cli_fail("convert", CT_ENOMEM);
     }
+create:;
     ct_gpt_options mo = ct_gpt_options_default();
     mo.batch = 1; /* no activations to speak of: the weights are all that is used */
     mo.seq = 1;
     if ((st = ct_gpt_create(&s->cfg, &mo, &s->m)) ||
-        (st = s->hf ? ct_hf_load_params(s->hf, s->m) : ct_gpt_load_params(s->m, s->f)))
+        (!s->pt && (st = s->hf ? ct_hf_load_params(s->hf, s->m) : ct_gpt_load_params(s->m, s->f))))
         return cli_fail("convert", st);
+    if (s->pt && cli_pt_model_load(path, s->f, s->m)) return 1;
     return 0;
 }
 
@@ -411,7 +434,7 @@ static ct_dtype model_tensor_dtype(const convert_args *a, const model_src *s, co
     if (a->has_dtype) return a->dtype;
     size_t k;
     ct_tensor_info inf;
-    if (s->f && ct_tensor_file_find(s->f, name, &k) == CT_OK &&
+    if (s->f && !s->pt && ct_tensor_file_find(s->f, name, &k) == CT_OK &&
         ct_tensor_file_info(s->f, k, &inf) == CT_OK && inf.has_dtype && is_model_dtype(inf.dtype))
         return inf.dtype;
     return s->dtype;
@@ -454,7 +477,7 @@ static int write_checkpoint(const convert_args *a, model_src *s)
         /* a checkpoint's settings that still hold for these weights (not its trainer state:
          * the weights may have changed, so --resume from here is refused) */
         static const char *keep[] = {"train", "data"};
-        for (size_t k = 0; s->f && k < sizeof keep / sizeof keep[0]; k++) {
+        for (size_t k = 0; s->f && !s->pt && k < sizeof keep / sizeof keep[0]; k++) {
             const char *v = ct_tensor_file_metadata_get(s->f, keep[k]);
             if (v) mk[n] = keep[k], mv[n++] = v;
         }

@@ -21,8 +21,9 @@ static void usage(FILE *f)
         "Continue the prompt with up to N tokens (default 64), prefilling the prompt into a KV "
         "cache\n"
         "and decoding one token at a time, from a Hugging Face Llama-family directory (its\n"
-        "tokenizer.json when present, else --prompt-ids and ids out) or a checkpoint of `ctorch "
-        "train`:\n"
+        "tokenizer.json when present, else --prompt-ids and ids out), a PyTorch state dict\n"
+        "(.pt/.bin with its \"config\" inside or config.json beside it) or a checkpoint of "
+        "`ctorch train`:\n"
         "a text model (--data) reads and writes text through the tokenizer stored in the "
         "checkpoint,\n"
         "a built-in corpus model reads and writes its words (\"tobeka\", '.' ends a document).\n"
@@ -188,6 +189,7 @@ int cmd_generate(int argc, char **argv)
     ct_tokenizer *tok = NULL;
     int32_t *ids = NULL, *out = NULL, eos = -1, bos = -1;
     bool hf_model = false; /* a HF directory, or a checkpoint converted from one (hf_config) */
+    bool pt = false;       /* a PyTorch state dict with a configuration (model_pt.c) */
     int64_t n = 0;
     int rc = 0;
     char *tpath = NULL;
@@ -226,6 +228,37 @@ int cmd_generate(int argc, char **argv)
         if (eos < 0 && tok) eos = ct_tokenizer_eos(tok);
     } else {
         if ((s = ct_load(ckpt, NULL, &f))) return cli_fail("generate: --model", s);
+        const char *fmt = ct_tensor_file_metadata_get(f, "format");
+        pt = !fmt || strcmp(fmt, "ctorch-gpt") != 0;
+    }
+    if (pt) {
+        /* a PyTorch state dict: the configuration in the file or config.json beside it, the
+         * tokenizer.json beside it when there is one; ids in and out otherwise */
+        ct_hf_info pi;
+        if ((rc = cli_pt_model_config(ckpt, f, &cfg, &pi, NULL))) goto done;
+        hf_model = true;
+        bos = pi.bos_token;
+        eos = pi.eos_token;
+        const char *sl = strrchr(ckpt, '/');
+        size_t dl = sl ? (size_t)(sl - ckpt) : 1;
+        size_t tl = dl + sizeof "/tokenizer.json";
+        if (!(tpath = malloc(tl))) {
+            rc = cli_fail("generate", CT_ENOMEM);
+            goto done;
+        }
+        snprintf(tpath, tl, "%.*s/tokenizer.json", (int)dl, sl ? ckpt : ".");
+        if (stat(tpath, &sb) == 0 && (s = ct_tokenizer_load(tpath, &tok))) {
+            rc = cli_fail("generate: the tokenizer.json beside the model", s);
+            goto done;
+        }
+        if (eos < 0 && tok) eos = ct_tokenizer_eos(tok);
+        if (!tok && !prompt_ids && *prompt) {
+            fprintf(stderr, "ctorch generate: %s has no tokenizer.json beside it: give the prompt "
+                            "as --prompt-ids\n", ckpt);
+            rc = 2;
+            goto done;
+        }
+    } else if (!hf) {
         /* config + every tensor's shape and dtype, checked before the model is allocated */
         if ((s = ct_gpt_checkpoint_check(f, false, &cfg))) {
             rc = cli_fail("generate", s);
@@ -343,10 +376,11 @@ int cmd_generate(int argc, char **argv)
     if (tr && ct_train_options_from_json(tr, &to) == CT_OK) mo.eos_token = to.eos_token;
     /* a directory's f32 weights are read in place from the mapped files (no copy) */
     if ((s = ct_gpt_create(&cfg, &mo, &m)) ||
-        (s = hf ? ct_hf_map_params(hf, m, NULL) : ct_gpt_load_params(m, f))) {
+        (!pt && (s = hf ? ct_hf_map_params(hf, m, NULL) : ct_gpt_load_params(m, f)))) {
         rc = cli_fail("generate", s);
         goto done;
     }
+    if (pt && (rc = cli_pt_model_load(ckpt, f, m))) goto done;
     out = malloc((size_t)(n + ntok) * sizeof *out);
     if (!out) {
         rc = cli_fail("generate", CT_ENOMEM);

@@ -173,7 +173,7 @@ def test_model_conversions_are_atomic_and_refuse_bad_input(tmp_path):
     plain = tmp_path / "plain.safetensors"
     ref.write_safetensors(str(plain), {"w": torch.ones(2)})
     r = run("convert", plain, tmp_path / "o", rc=1)
-    assert "not a model" in r.stderr and "ctorch-gpt" in r.stderr
+    assert "carries no model configuration" in r.stderr
     c = json.load(open(src / "config.json"))
     c["frobnicate"] = 1
     json.dump(c, open(src / "config.json", "w"))
@@ -185,6 +185,54 @@ def test_model_conversions_are_atomic_and_refuse_bad_input(tmp_path):
     assert "config.json" in r.stderr
     r = run("convert", plain, tmp_path / "o", "--dtype", "i8", "--to", "hf", rc=2)
     assert sorted(os.listdir(tmp_path)) == ["ad", "full", "plain.safetensors", "src"]
+
+
+def greedy_reference(cfg, w, ids, n):
+    ids = torch.tensor([ids])
+    for _ in range(n):
+        ids = torch.cat((ids, ref.forward(cfg, w, ids)[:, -1].argmax(-1, keepdim=True)), 1)
+    return ids[0].tolist()
+
+
+def test_pt_state_dict_generates_and_converts(tmp_path):
+    """`ctorch generate --model FILE.pt` and `ctorch convert FILE.pt DIR`: a torch.save state
+    dict with its config inside, or pytorch_model.bin beside config.json (HF names, bf16)."""
+    cfg = CONFIGS["llama-llama3-rope"]
+    w = ref.random_weights(cfg, seed=12)
+    p = tmp_path / "ck.pt"
+    torch.save({"config": cfg, "model": {k: v.detach() for k, v in w.items()}}, p)
+    want = greedy_reference(cfg, w, [3, 5, 7], 6)
+    g = json.loads(run("generate", "--model", p, "--prompt-ids", "3 5 7", "--greedy",
+                       "--max-new-tokens", 6, "--json", "--ignore-eos").stdout)
+    assert g["prompt_ids"] + g["new_ids"] == want
+    # ctorch names with a ctorch configuration inside
+    q = tmp_path / "ct.pt"
+    torch.save({"config": ref.ctorch_config(cfg), **{k: v.detach() for k, v in ref.to_ctorch(cfg, w).items()}}, q)
+    g2 = json.loads(run("generate", "--checkpoint", q, "--prompt-ids", "3 5 7", "--greedy",
+                        "--max-new-tokens", 6, "--json", "--ignore-eos").stdout)
+    assert g2["new_ids"] == g["new_ids"]
+    # an HF directory of pytorch_model.bin (bf16) -> its safetensors layout
+    hcfg = dict(cfg, torch_dtype="bfloat16")
+    d = tmp_path / "bin"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(hcfg))
+    torch.save({k: v.detach().to(torch.bfloat16) for k, v in w.items()}, d / "pytorch_model.bin")
+    out = tmp_path / "st"
+    run("convert", d / "pytorch_model.bin", out)
+    want_dir = tmp_path / "want"
+    ref.save_hf(want_dir, cfg, w, dtype=torch.bfloat16)
+    assert read_dir(out)[0] == read_dir(want_dir)[0]
+    assert json.load(open(out / "config.json")) == hcfg
+    # refused by name: a foreign tensor, a missing one, no configuration
+    torch.save({"config": cfg, "model": dict({k: v.detach() for k, v in w.items()},
+                                             **{"model.layers.0.mlp.frob.weight": torch.ones(2)})}, p)
+    assert "frob" in run("generate", "--model", p, "--prompt-ids", "1", rc=1).stderr
+    sd = {k: v.detach() for k, v in w.items() if k != "model.norm.weight"}
+    torch.save({"config": cfg, "model": sd}, p)
+    assert "model.model.norm.weight" in run("generate", "--model", p, "--prompt-ids", "1", rc=1).stderr
+    torch.save(sd, tmp_path / "bare.pt")
+    r = run("generate", "--model", tmp_path / "bare.pt", "--prompt-ids", "1", rc=1)
+    assert "carries no model configuration" in r.stderr
 
 
 def test_bench_hf_runs_and_cleans_up(tmp_path):
