@@ -226,6 +226,14 @@ def test_cli_json_and_cache_equals_baseline(checkpoint):
     assert c["new_ids"] != a["new_ids"]
 
 
+def test_cli_defaults_are_unchanged(checkpoint):
+    """64 tokens, temperature 0.8, top-k 40, top-p 1, seed 1 when nothing is said."""
+    d = gen_json(checkpoint, "--prompt-ids", "0 5 9", "--ignore-eos")
+    e = gen_json(checkpoint, "--prompt-ids", "0 5 9", "--ignore-eos", "--max-new-tokens", 64,
+                 "--temperature", 0.8, "--top-k", 40, "--top-p", 1, "--seed", 1)
+    assert len(d["new_ids"]) == 64 and d["new_ids"] == e["new_ids"]
+
+
 def test_cli_greedy_matches_torch(checkpoint, tmp_path):
     # the trained model in PyTorch (bench/torch_train.py, the reference of test_train.py)
     sys.path.insert(0, os.path.join(ROOT, "bench"))
