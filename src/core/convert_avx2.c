@@ -1,4 +1,5 @@
 /* AVX2/F16C bulk conversions; bitwise equal to the scalar ones in tensor.c. */
+#include "core/convert_kernels.h"
 #include "core/internal.h"
 #include "ctorch/tensor.h"
 

@@ -1,3 +1,4 @@
+#include "core/convert_kernels.h"
 #include "core/internal.h"
 #include "ctorch/tensor.h"
 
@@ -531,10 +532,6 @@ ct_status ct_tensor_fill(ct_tensor *t, double v)
 
 /* ---- bulk conversions ------------------------------------------------------------------ */
 
-void ct_convert_bf16_to_f32_avx2(float *dst, const uint16_t *src, size_t n);
-void ct_convert_f32_to_bf16_avx2(uint16_t *dst, const float *src, size_t n);
-void ct_convert_f16_to_f32_avx2(float *dst, const uint16_t *src, size_t n);
-void ct_convert_f32_to_f16_avx2(uint16_t *dst, const float *src, size_t n);
 
 void ct_convert_bf16_to_f32(float *dst, const uint16_t *src, size_t n)
 {

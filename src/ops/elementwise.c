@@ -5,6 +5,7 @@
  * Phi(x) = erfc(-x / sqrt 2) / 2 and the tanh form as x sigmoid(2u): algebraically the
  * PyTorch formulas, without the cancellation of 1 + erf / 1 + tanh for negative x. */
 #include "core/internal.h"
+#include "ops/elementwise_kernels.h"
 #include "ctorch/ops.h"
 
 #include <math.h>
@@ -16,14 +17,6 @@
 #define GELU_K 0.79788456080286536f /* sqrt(2 / pi) */
 #define GELU_C 0.044715f
 #define INV_SQRT_2PI 0.39894228040143268f
-
-/* AVX2 bodies (elementwise_avx2.c); bf selects bf16 arrays. */
-void ct_act_forward_avx2(int kind, void *out, const void *inp, int64_t n, int bf);
-void ct_act_backward_avx2(int kind, void *dinp, const void *dout, const void *inp, int64_t n,
-                          int bf);
-void ct_swiglu_forward_avx2(void *out, const void *a, const void *b, int64_t n, int bf);
-void ct_swiglu_backward_avx2(void *da, void *db, const void *dout, const void *a, const void *b,
-                             int64_t n, int bf);
 
 /* ---- argument checks ------------------------------------------------------------------ */
 

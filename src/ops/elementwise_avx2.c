@@ -8,6 +8,7 @@
  * exp is the Cephes-style polynomial (relative error ~1e-7); erfc is the Chebyshev fit of
  * Numerical Recipes (fractional error < 1.2e-7 for all arguments). */
 #include "ctorch/ops.h"
+#include "ops/elementwise_kernels.h"
 
 #include <immintrin.h>
 #include <math.h>

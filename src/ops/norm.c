@@ -6,16 +6,10 @@
  * partials are added in chunk order in double and added to dweight/dbias. RMSNorm has AVX2
  * row bodies (elementwise_avx2.c); LayerNorm is scalar C the compiler vectorises. */
 #include "core/internal.h"
+#include "ops/elementwise_kernels.h"
 #include "ctorch/ops.h"
 
 #include <math.h>
-
-/* AVX2 row bodies (elementwise_avx2.c); bf selects bf16 arrays. */
-void ct_rmsnorm_forward_rows_avx2(void *out, float *rstd, const void *inp, const void *w,
-                                  int64_t r0, int64_t r1, int64_t C, float eps, int bf);
-void ct_rmsnorm_backward_rows_avx2(void *dinp, float *pw, const void *dout, const void *inp,
-                                   const void *w, const float *rstd, int64_t r0, int64_t r1,
-                                   int64_t C, int bf);
 
 #define CT_INLINE static inline __attribute__((always_inline))
 #define COL_BLOCK 256 /* columns per task when summing the chunk partials */
