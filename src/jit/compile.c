@@ -104,7 +104,7 @@ static tentry g_table[TABLE_MAX];
 static int g_ntable;
 static jkernel *g_retired; /* kernels dropped from the table: still loaded, still in use */
 static char g_version[256]; /* first line of the compiler's --version (per process) */
-static char g_version_of[PATH_MAX];
+static char g_version_of[PATH_MAX + 64]; /* ... of this compiler identity (path, size, mtime) */
 static atomic_llong st_table, st_cache, st_compiles, st_rebuilt, st_procs;
 
 void ct_jit_get_stats(ct_jit_stats *out)
@@ -416,10 +416,11 @@ static void slurp(const char *path, char *buf, size_t cap)
     buf[n > 0 ? n : 0] = '\0';
 }
 
-/* The compiler's --version, first line, once per process and compiler (only on a miss). */
+/* The compiler's --version, first line, once per process and compiler identity (only on a
+ * miss): a compiler replaced at the same path is asked again. */
 static void compiler_version(const char *fn, const env *e)
 {
-    if (!strcmp(g_version_of, e->cc)) return;
+    if (!strcmp(g_version_of, e->ident)) return;
     char out[PATH_MAX];
     snprintf(out, sizeof out, "%s/tmp-version-%ld.txt", e->dir, (long)getpid());
     char *argv[] = {(char *)e->cc, "--version", NULL};
@@ -443,7 +444,7 @@ static void compiler_version(const char *fn, const env *e)
         if (nl) *nl = '\0';
     }
     unlink(out);
-    snprintf(g_version_of, sizeof g_version_of, "%s", e->cc);
+    snprintf(g_version_of, sizeof g_version_of, "%s", e->ident);
 }
 
 typedef struct job {

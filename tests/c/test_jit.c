@@ -8,6 +8,7 @@
 #include "test_util.h"
 
 #include <stdint.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -54,6 +55,14 @@ static int r_tern(int64_t b, int64_t h, int64_t q, int64_t kv)
 {
     return (q > 40 ? kv * 2 : kv + 100) >= q + (int64_t)(q % 5 == 0);
 }
+
+/* Python's floor semantics on negative operands and divisors, against literal values and the
+ * references above */
+static int r_negmod(int64_t b, int64_t h, int64_t q, int64_t kv)
+{
+    return fmod64(q - kv, 5) == 3 || fdiv64(kv - q, -4) == 2 || fmod64(kv - q, -3) == -1;
+}
+static int r_true(int64_t b, int64_t h, int64_t q, int64_t kv) { return 1; }
 
 static ct_jit_binding bind_doc(void)
 {
@@ -515,6 +524,135 @@ static void check_cache(void)
     }
 }
 
+static int max_int_line(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    int m = -1, x;
+    if (!f) return -1;
+    while (fscanf(f, "%d", &x) == 1)
+        if (x > m) m = x;
+    fclose(f);
+    return m;
+}
+
+static bool file_has(const char *path, const char *needle)
+{
+    char buf[8192];
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return strstr(buf, needle) != NULL;
+}
+
+/* CT_COMPILE_THREADS and CT_COMPILE_TIMEOUT (the options left 0), the flags the compiler is
+ * given, and the compiler's identity: its resolved path, size and mtime are in the key, so a
+ * compiler touched in place is a miss (and asked its --version again), an untouched one a hit. */
+static void check_env(void)
+{
+    char runs[300], conc[300], args[300], cc[300], body[4096], dir[300];
+    snprintf(runs, sizeof runs, "%s/runs", g_dir);
+    snprintf(conc, sizeof conc, "%s/conc.log", g_dir);
+    snprintf(args, sizeof args, "%s/args.log", g_dir);
+    snprintf(cc, sizeof cc, "%s/countcc", g_dir);
+    mkdir(runs, 0700);
+    /* a compiler that records how many compiles run at once: each waits (CTJ_TRIES x 50 ms at
+     * most) until CTJ_WAIT of them run, then logs the count */
+    snprintf(body, sizeof body,
+             "for a; do case $a in *.c) src=$a;; esac; done\n"
+             "[ -n \"$src\" ] || exec cc \"$@\"\n"
+             "echo \"$@\" >> %s\n"
+             "mkdir %s/r.$$\n"
+             "i=0; while [ $(ls %s | wc -l) -lt ${CTJ_WAIT:-1} ] && [ $i -lt ${CTJ_TRIES:-1} ]; do "
+             "sleep 0.05; i=$((i+1)); done\n"
+             "ls %s | wc -l >> %s\n"
+             "cc \"$@\"; rc=$?; rmdir %s/r.$$; exit $rc",
+             args, runs, runs, runs, conc, runs);
+    write_script(cc, body);
+    ct_jit_options o = ct_jit_options_default();
+    o.cc = cc;
+    const char *ex[3][2] = {{"q % 7 == kv % 7 + 1", "q % 7 == kv % 7 + 2"},
+                            {"q % 9 == kv % 9 + 1", "q % 9 == kv % 9 + 2"},
+                            {"q % 11 == kv % 11 + 1", "q % 11 == kv % 11 + 2"}};
+    const char *threads[3] = {"1", "2", "2"};
+    const char *tries[3] = {"10", "200", "200"};
+    int want[3] = {1, 2, 2};
+    for (int t = 0; t < 3; t++) {
+        snprintf(dir, sizeof dir, "%s/env%d", g_dir, t);
+        o.cache_dir = dir;
+        o.threads = t == 2 ? 2 : 0; /* 0: CT_COMPILE_THREADS decides */
+        setenv("CT_COMPILE_THREADS", t == 2 ? "1" : threads[t], 1); /* the option wins */
+        setenv("CTJ_WAIT", "2", 1);
+        setenv("CTJ_TRIES", tries[t], 1);
+        unlink(conc);
+        ct_mask_mod ms[2];
+        ct_jit_request rq[2] = {{ex[t][0], NULL, 0, NULL, &ms[0]}, {ex[t][1], NULL, 0, NULL, &ms[1]}};
+        CHECK_OK(ct_mod_compile_many(rq, 2, &o));
+        for (int i = 0; i < 2; i++)
+            ct_mask_mod_free(&ms[i]);
+        int m = max_int_line(conc);
+        if (m != want[t]) fprintf(stderr, "  threads case %d: %d compiles at once, want %d\n", t, m, want[t]);
+        CHECK(m == want[t]);
+    }
+    unsetenv("CT_COMPILE_THREADS");
+    unsetenv("CTJ_WAIT");
+    unsetenv("CTJ_TRIES");
+    /* generated code is compiled with -Wall -Werror (and compiles) */
+    CHECK(file_has(args, "-Wall") && file_has(args, "-Werror"));
+    /* CT_COMPILE_TIMEOUT */
+    char slow[300];
+    snprintf(slow, sizeof slow, "%s/slowcc2", g_dir);
+    write_script(slow, "for a; do case $a in *.c) exec sleep 30;; esac; done\necho slow 1.0");
+    setenv("CT_COMPILE_TIMEOUT", "0.4", 1);
+    ct_jit_options os = ct_jit_options_default();
+    os.cc = slow;
+    snprintf(dir, sizeof dir, "%s/envslow", g_dir);
+    os.cache_dir = dir;
+    ct_mask_mod k;
+    CHECK_STATUS(ct_mask_mod_compile("q != kv + 21", NULL, 0, &os, &k), CT_ETIMEDOUT);
+    CHECK(strstr(ct_last_error(), "0.4 s") != NULL);
+    unsetenv("CT_COMPILE_TIMEOUT");
+    /* the compiler's identity */
+    snprintf(dir, sizeof dir, "%s/envid", g_dir);
+    o.cache_dir = dir;
+    o.threads = 1;
+    ct_jit_stats a, b2;
+    ct_jit_reset_table();
+    CHECK_OK(ct_mask_mod_compile("q != kv + 22", NULL, 0, &o, &k));
+    ct_mask_mod_free(&k);
+    ct_jit_reset_table();
+    ct_jit_get_stats(&a);
+    CHECK_OK(ct_mask_mod_compile("q != kv + 22", NULL, 0, &o, &k)); /* untouched: a hit */
+    ct_mask_mod_free(&k);
+    ct_jit_get_stats(&b2);
+    CHECK(b2.cache_hits == a.cache_hits + 1 && b2.processes == a.processes);
+    struct stat st;
+    CHECK(stat(cc, &st) == 0);
+    struct timespec ts[2] = {st.st_atim, st.st_mtim};
+    ts[1].tv_sec += 100;
+    CHECK(utimensat(AT_FDCWD, cc, ts, 0) == 0);
+    ct_jit_reset_table();
+    ct_jit_get_stats(&a);
+    CHECK_OK(ct_mask_mod_compile("q != kv + 22", NULL, 0, &o, &k)); /* touched: a miss */
+    ct_mask_mod_free(&k);
+    ct_jit_get_stats(&b2);
+    CHECK(b2.compiles == a.compiles + 1 && b2.cache_hits == a.cache_hits);
+    CHECK(b2.processes == a.processes + 2); /* its --version again, then the compile */
+    CHECK(count_entries(dir, ".so") == 2);
+    /* reached through a symlink: the same resolved path, the same entry */
+    char link[300];
+    snprintf(link, sizeof link, "%s/ccLink", g_dir);
+    CHECK(symlink(cc, link) == 0);
+    o.cc = link;
+    ct_jit_reset_table();
+    ct_jit_get_stats(&a);
+    CHECK_OK(ct_mask_mod_compile("q != kv + 22", NULL, 0, &o, &k));
+    ct_mask_mod_free(&k);
+    ct_jit_get_stats(&b2);
+    CHECK(b2.cache_hits == a.cache_hits + 1 && b2.processes == a.processes);
+}
+
 static void check_source(void)
 {
     char *src = NULL;
@@ -582,6 +720,11 @@ int main(void)
     check_mask("b == 1 ? q >= kv : kv >= q", r_batch, 2, 1, 60, 60, NULL, 0);
     check_mask("((q & 15) ^ (kv | 3)) < 9 || !(q != kv) || (~q & 1)", r_bits, 1, 1, 70, 70, NULL, 0);
     check_mask("where(q > 40, kv * 2, kv + 100) >= q + (q % 5 == 0)", r_tern, 1, 1, 120, 120, NULL, 0);
+    check_mask("(q - kv) % 5 == 3 || (kv - q) / -4 == 2 || (kv - q) % -3 == -1", r_negmod, 1, 1, 60, 60,
+               NULL, 0);
+    check_mask("-7 / 2 == -4 && -7 % 2 == 1 && 7 / -2 == -4 && 7 % -2 == -1 && -7 / -2 == 3 && "
+               "-7 % -2 == -1 && (q - kv - 7) % 1 == 0 && -7.5 % 2 == 0.5 && 7.5 % -2 == -0.5",
+               r_true, 1, 1, 9, 9, NULL, 0);
     check_band_exact();
     ct_jit_binding sb = {"slope", CT_DTYPE_F32, 1, {4}, g_slope, false};
     ct_jit_binding bb = {"bias", CT_DTYPE_F32, 2, {3, 41}, g_bias, false};
@@ -599,6 +742,7 @@ int main(void)
     check_source();
     check_gpt_config();
     check_cache();
+    check_env();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "chmod -R u+w %s; rm -rf %s", g_dir, g_dir);
     if (system(cmd) != 0) fprintf(stderr, "cleanup of %s failed\n", g_dir);

@@ -144,6 +144,96 @@ def test_many_ops_where_clamp_minimum_batch_doc():
              B=2, L=40, S=40, mB=2)
 
 
+def test_operators_floor_semantics_bitwise_not_maximum():
+    """`~`, torch.maximum / torch.clamp as functions, `//` and `%` on negative operands and
+    divisors (Python's floor semantics, as torch 1.13 computes them), on ints and floats."""
+    def mask(b, h, q, kv):
+        d = q - kv
+        return ~((d // 3) % 4 == 1) & ~(d % -5 == -2) | (q == kv) | ((kv - q) // -4 == 2)
+
+    def score(s, b, h, q, kv):
+        x = torch.maximum(s, torch.clamp(s * 0.5, min=-1.0)) + torch.clamp(s, -2.0, 2.0) * 0.1
+        return (x + ((q - kv) // 7) * 0.01 + ((kv - q) % -6) * 0.02 + (((q - kv) * 0.7) // -1.3) * 0.03
+                + (s % 1.5) * 0.2 + (((kv - q) * 0.5) % -1.75) * 0.1)
+
+    run_case(lambda: mask, lambda: score, L=43, S=43)
+    expr, _ = _trace.trace(mask, True)
+    assert "~" in expr and "/" in expr and "%" in expr
+
+
+def test_floor_division_values_match_python():
+    """The compiled mask gives Python's // and % for every sign combination (the reference is
+    Python's own integer arithmetic, element by element)."""
+    L = 23
+    for c in (-5, -3, 4, 7):
+        fn = lambda b, h, q, kv, c=c: ((q - kv) // c + (kv - q) % c) % 3 == 1  # noqa: E731
+        bm = create_block_mask(fn, None, None, L, L, BLOCK_SIZE=8)
+        want = torch.tensor([[((q - kv) // c + (kv - q) % c) % 3 == 1 for kv in range(L)] for q in range(L)])
+        assert torch.equal(create_mask(fn, 1, 1, L, L)[0, 0], want)  # torch agrees with Python
+        q, k, v, _ = inputs(1, 1, 1, L, L)
+        out = flex_attention(q, k, v, block_mask=bm)
+        ref = ref_attention(q.double(), k.double(), v.double(), None, lambda b, h, qq, kk: want[qq, kk])
+        torch.testing.assert_close(out.double(), ref, atol=1e-4, rtol=1e-4)
+
+
+VARIANTS = {
+    "causal": (lambda *p: causal(), None, ()),
+    "sliding": (lambda *p: sliding(7), None, ()),
+    "prefix_lm": (lambda *p: (lambda b, h, q, kv: (kv < 9) | (q >= kv)), None, ()),
+    "document": (lambda d: (lambda b, h, q, kv: (d[q] == d[kv]) & (q >= kv)), None, (DOC[:37],)),
+    "alibi": (lambda s: causal(), lambda s: (lambda sc, b, h, q, kv: sc + s[h] * (kv - q)),
+              (torch.tensor([0.5, 0.25, 0.125, 0.0625], requires_grad=True),)),
+    "softcap": (lambda *p: causal(), lambda *p: (lambda s, b, h, q, kv: 3.0 * torch.tanh(s / 3.0)), ()),
+    "rel_bias": (lambda bb: causal(), lambda bb: (lambda s, b, h, q, kv: s + bb[h, q - kv + 37]),
+                 ((0.3 * torch.randn(4, 2 * 37, generator=torch.Generator().manual_seed(9))).requires_grad_(),)),
+    "dilated": (lambda *p: (lambda b, h, q, kv: ((q - kv) % 3 == 0) & (q >= kv)), None, ()),
+    "random_bool": (lambda m: (lambda b, h, q, kv: m[q, kv] | (q == kv)), None,
+                    (torch.rand(37, 37, generator=torch.Generator().manual_seed(4)) < 0.4,)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_variants_gqa_batch_broadcast(name):
+    """Every attention-gym variant with B=2, GQA (4 query heads over 2 kv heads) and the block
+    mask broadcast over B and H (None): forward and every gradient against the reference."""
+    mask, score, params = VARIANTS[name]
+    run_case(mask, score, params=params, B=2, Hq=4, Hkv=2, L=37, S=37, block=16)
+
+
+def test_head_dependent_window_gqa_batch_broadcast():
+    run_case(lambda: (lambda b, h, q, kv: (q - kv <= 3 * (h + 1)) & (kv <= q)), B=2, Hq=4, Hkv=2, L=37, S=37,
+             mH=4)
+
+
+def test_three_captured_grads_packed_in_capture_order():
+    """Three learnable captured tensors (first used in the order temp, bias, slopes) and a
+    non-grad one between them: each .grad equals the reference's."""
+    L = 29
+    g = torch.Generator().manual_seed(11)
+    bias = (0.2 * torch.randn(2, 2 * L, generator=g)).requires_grad_()
+    temp = torch.tensor(0.9, requires_grad=True)
+    doc = torch.arange(L) // 10
+    slopes = torch.tensor([0.3, -0.2], requires_grad=True)
+    sm = lambda t, d, bb, sl: (lambda s, b, h, q, kv:  # noqa: E731
+                               s * t + torch.where(d[q] == d[kv], bb[h, q - kv + L], 0.0) + sl[h] * (kv - q))
+    run_case(lambda *_: causal(), sm, params=(temp, doc, bias, slopes), L=L, S=L)
+    _, caps = _trace.trace(sm(temp, doc, bias, slopes), False)
+    assert [c.tensor is x for c, x in zip(caps, (temp, doc, bias, slopes))] == [True] * 4
+    assert [c.grad for c in caps] == [True, False, True, True]
+
+
+@pytest.mark.parametrize("fn, construct", [
+    (lambda b, h, q, kv: (q >= kv) if b == 0 else (q < kv), "Python `if`"),
+    (lambda b, h, q, kv: torch.erf(q.float()) > 0, "'erf'"),
+    (lambda b, h, q, kv: (q + 0).add_(1) > kv, "in-place"),
+    (lambda b, h, q, kv: torch.ones(3, dtype=torch.float64)[q] > 0, "torch.float64"),
+])
+def test_untraceable_mask_mod_warning_names_the_construct(fn, construct):
+    with pytest.warns(UserWarning, match="cannot be traced.*" + construct.replace("(", r"\(")):
+        bm = create_block_mask(fn, None, None, 3, 3, BLOCK_SIZE=16)
+    assert bm is not None
+
+
 def test_one_kernel_serves_every_length():
     sm = lambda s, b, h, q, kv: s + 0.01 * (kv - q)  # noqa: E731
     for L in (17, 18, 33):
@@ -291,3 +381,17 @@ def test_cache_dir_writable_by_others_refused(tmp_path):
     d.chmod(0o777)
     p = child(d, "2.5", check=False)
     assert p.returncode != 0 and "writable by other users" in p.stderr
+
+
+def test_default_cache_dir_xdg_then_home(tmp_path):
+    """Without CT_CACHE_DIR the cache is $XDG_CACHE_HOME/ctorch, else ~/.cache/ctorch."""
+    base = {k: v for k, v in os.environ.items() if k not in ("CT_CACHE_DIR", "XDG_CACHE_HOME", "HOME")}
+    base["PYTHONPATH"] = os.path.join(ROOT, "python")
+    for env, where in ((dict(XDG_CACHE_HOME=str(tmp_path / "xdg"), HOME=str(tmp_path / "h1")),
+                        tmp_path / "xdg" / "ctorch"),
+                       (dict(HOME=str(tmp_path / "h2")), tmp_path / "h2" / ".cache" / "ctorch")):
+        p = subprocess.run([sys.executable, "-c", CHILD, "3.25"], env=dict(base, **env), capture_output=True,
+                           text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        assert len([n for n in os.listdir(where) if n.endswith(".so")]) == 2
+        assert os.stat(where).st_mode & 0o777 == 0o700

@@ -21,6 +21,18 @@ def test_mask_mod_equals_builtin_window(tmp_path):
     assert len(lw) == 6 and lw == lm
 
 
+def test_mask_mod_anded_with_doc_mask_unless_no_doc_mask(tmp_path):
+    """With --no-doc-mask the compiled mask still equals the built-in window (ANDed with causal
+    only); with the document mask (the default) it is ANDed in too, so the runs differ."""
+    run = [*TINY, "--steps", 4, "--eval-every", 2, "--quiet"]
+    ctorch("train", *run, "--window", 5, "--no-doc-mask", "--out", tmp_path / "w")
+    ctorch("train", *run, "--mask-mod", "q - kv <= 5", "--no-doc-mask", "--out", tmp_path / "m")
+    ctorch("train", *run, "--mask-mod", "q - kv <= 5", "--out", tmp_path / "d")
+    lw, lm = losses(tmp_path / "w" / "metrics.jsonl"), losses(tmp_path / "m" / "metrics.jsonl")
+    assert len(lw) == 6 and lw == lm
+    assert losses(tmp_path / "d" / "metrics.jsonl") != lm
+
+
 def test_mods_stored_resumed_and_generated(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     mods = ["--score-mod", "score + 0.05 * (kv - q) / (h + 1)", "--mask-mod", "q - kv <= 7 || kv < 2"]

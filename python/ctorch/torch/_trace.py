@@ -129,7 +129,11 @@ def _bin(op, a, b):
     if op == "//":
         if _num(a, b) == "int":
             return Proxy(f"({a.e} / {b.e})", "int")
-        return Proxy(f"floor({a.e} / {b.e})", "float")
+        # Python's (and torch's) float floor division: the quotient of a - (a mod b), rounded to
+        # the integer it is within an ulp of (floor(a / b) is off by one where a / b rounds onto
+        # an integer, e.g. 9.1 // -1.3); by 0 it is a / b as in torch
+        return Proxy(f"where({b.e} == 0, float({a.e}) / {b.e}, floor(({a.e} - {a.e} % {b.e}) / {b.e} + 0.5))",
+                     "float")
     return Proxy(f"({a.e} {op} {b.e})", _num(a, b))
 
 
