@@ -26,7 +26,8 @@ static void usage(FILE *f)
     fprintf(f, "usage: ctorch <command> [options]   (ctorch <command> --help for its options)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
-    fprintf(f, "\nenvironment: CT_NUM_THREADS (threads), CT_FORCE_SCALAR=1 (no SIMD)\n");
+    fprintf(f, "\nenvironment: CT_NUM_THREADS (threads), CT_FORCE_ISA=scalar|avx2|avx512|neon|sve (kernels;\n"
+               "             the best this CPU has when unset), CT_FORCE_SCALAR=1 (= CT_FORCE_ISA=scalar)\n");
 }
 
 int main(int argc, char **argv)
@@ -39,6 +40,8 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
+    ct_status isa_st = ct_isa_env_status(); /* a forced instruction set this CPU lacks */
+    if (isa_st != CT_OK) return cli_fail("CT_FORCE_ISA", isa_st);
     if (!strcmp(argv[1], "--version")) return cmd_version(argc - 1, argv + 1);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);

@@ -8,6 +8,7 @@
 #ifndef CTORCH_CORE_H
 #define CTORCH_CORE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -123,18 +124,35 @@ CT_API ct_status ct_set_num_threads(int n);
 
 /* ---- CPU features ------------------------------------------------------------------- */
 
-/** Instruction sets the kernels may use. */
+/** Instruction sets the kernels may use. Each op family keeps one table of kernels per
+ *  instruction set; the table of the active one is used (families without bodies for an
+ *  instruction set use the next one down: avx512 -> avx2 -> scalar, sve -> neon -> scalar). */
 typedef enum ct_isa {
     CT_ISA_SCALAR = 0,
-    CT_ISA_AVX2 = 1, /**< AVX2 + FMA + F16C */
+    CT_ISA_AVX2 = 1,   /**< AVX2 + FMA + F16C */
+    CT_ISA_AVX512 = 2, /**< AVX-512 F + BW + DQ + VL (and AVX2 + FMA + F16C) */
+    CT_ISA_NEON = 3,   /**< AArch64 Advanced SIMD */
+    CT_ISA_SVE = 4,    /**< AArch64 SVE (vector-length agnostic) */
+    CT_ISA_COUNT = 5
 } ct_isa;
 
-/** The instruction set in use: the best the CPU has, unless CT_FORCE_SCALAR=1 was set in
- *  the environment or ct_set_isa() chose another. */
+/** The instruction set in use: the best the CPU has, unless the environment forced one
+ *  (CT_FORCE_ISA=scalar|avx2|avx512|neon|sve; CT_FORCE_SCALAR=1 is an alias of
+ *  CT_FORCE_ISA=scalar) or ct_set_isa() chose another. Detected once per process. A forced
+ *  instruction set the CPU lacks leaves the best available in use; ct_isa_env_status()
+ *  reports it. */
 CT_API ct_isa ct_active_isa(void);
-/** Force an instruction set (for tests); fails with CT_EUNSUPPORTED if the CPU lacks it. */
+/** CT_OK unless CT_FORCE_ISA names an unknown instruction set (CT_EINVAL) or one this CPU
+ *  lacks (CT_EUNSUPPORTED, the message names the CPU); programs should refuse to run then. */
+CT_API ct_status ct_isa_env_status(void);
+/** Force an instruction set (for tests); CT_EINVAL for an unknown value, CT_EUNSUPPORTED
+ *  (naming the CPU) if the CPU lacks it. */
 CT_API ct_status ct_set_isa(ct_isa isa);
-/** Name of an instruction set ("scalar", "avx2"). */
+/** True when this CPU can run the instruction set. */
+CT_API bool ct_cpu_has_isa(ct_isa isa);
+/** The CPU's name as it reports it (x86: the CPUID brand string), or "this CPU". */
+CT_API const char *ct_cpu_name(void);
+/** Name of an instruction set ("scalar", "avx2", "avx512", "neon", "sve"; "unknown"). */
 CT_API const char *ct_isa_name(ct_isa isa);
 
 /** Library version string ("0.1.0"). */

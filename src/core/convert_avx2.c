@@ -5,7 +5,7 @@
 
 #include <immintrin.h>
 
-void ct_convert_bf16_to_f32_avx2(float *dst, const uint16_t *src, size_t n)
+static void convert_bf16_to_f32_avx2(float *dst, const uint16_t *src, size_t n)
 {
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -16,7 +16,7 @@ void ct_convert_bf16_to_f32_avx2(float *dst, const uint16_t *src, size_t n)
     for (; i < n; i++) dst[i] = ct_bf16_to_f32(src[i]);
 }
 
-void ct_convert_f32_to_bf16_avx2(uint16_t *dst, const float *src, size_t n)
+static void convert_f32_to_bf16_avx2(uint16_t *dst, const float *src, size_t n)
 {
     size_t i = 0;
     const __m256i bias = _mm256_set1_epi32(0x7FFF), one = _mm256_set1_epi32(1);
@@ -35,7 +35,7 @@ void ct_convert_f32_to_bf16_avx2(uint16_t *dst, const float *src, size_t n)
     for (; i < n; i++) dst[i] = ct_f32_to_bf16(src[i]);
 }
 
-void ct_convert_f16_to_f32_avx2(float *dst, const uint16_t *src, size_t n)
+static void convert_f16_to_f32_avx2(float *dst, const uint16_t *src, size_t n)
 {
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
@@ -43,7 +43,7 @@ void ct_convert_f16_to_f32_avx2(float *dst, const uint16_t *src, size_t n)
     for (; i < n; i++) dst[i] = ct_f16_to_f32(src[i]);
 }
 
-void ct_convert_f32_to_f16_avx2(uint16_t *dst, const float *src, size_t n)
+static void convert_f32_to_f16_avx2(uint16_t *dst, const float *src, size_t n)
 {
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
@@ -51,3 +51,6 @@ void ct_convert_f32_to_f16_avx2(uint16_t *dst, const float *src, size_t n)
                          _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
     for (; i < n; i++) dst[i] = ct_f32_to_f16(src[i]);
 }
+
+const ct_convert_kernels ct_convert_avx2 = {convert_bf16_to_f32_avx2, convert_f32_to_bf16_avx2,
+                                            convert_f16_to_f32_avx2, convert_f32_to_f16_avx2};

@@ -1,4 +1,3 @@
-#include "core/convert_kernels.h"
 #include "core/internal.h"
 #include "ctorch/tensor.h"
 
@@ -533,46 +532,4 @@ ct_status ct_tensor_fill(ct_tensor *t, double v)
 /* ---- bulk conversions ------------------------------------------------------------------ */
 
 
-void ct_convert_bf16_to_f32(float *dst, const uint16_t *src, size_t n)
-{
-#if defined(__x86_64__)
-    if (ct_use_avx2()) {
-        ct_convert_bf16_to_f32_avx2(dst, src, n);
-        return;
-    }
-#endif
-    for (size_t i = 0; i < n; i++) dst[i] = ct_bf16_to_f32(src[i]);
-}
-
-void ct_convert_f32_to_bf16(uint16_t *dst, const float *src, size_t n)
-{
-#if defined(__x86_64__)
-    if (ct_use_avx2()) {
-        ct_convert_f32_to_bf16_avx2(dst, src, n);
-        return;
-    }
-#endif
-    for (size_t i = 0; i < n; i++) dst[i] = ct_f32_to_bf16(src[i]);
-}
-
-void ct_convert_f16_to_f32(float *dst, const uint16_t *src, size_t n)
-{
-#if defined(__x86_64__)
-    if (ct_use_avx2()) {
-        ct_convert_f16_to_f32_avx2(dst, src, n);
-        return;
-    }
-#endif
-    for (size_t i = 0; i < n; i++) dst[i] = ct_f16_to_f32(src[i]);
-}
-
-void ct_convert_f32_to_f16(uint16_t *dst, const float *src, size_t n)
-{
-#if defined(__x86_64__)
-    if (ct_use_avx2()) {
-        ct_convert_f32_to_f16_avx2(dst, src, n);
-        return;
-    }
-#endif
-    for (size_t i = 0; i < n; i++) dst[i] = ct_f32_to_f16(src[i]);
-}
+/* ct_convert_*: convert.c (kernel tables in convert_kernels.h). */

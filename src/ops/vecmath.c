@@ -1,59 +1,26 @@
+/* Row primitives: entry points of vecmath.h over the per-ISA kernel tables. */
 #include "ops/vecmath.h"
-#include "core/internal.h"
+#include "ops/vecmath_kernels.h"
 
-#include <math.h>
+#if defined(__x86_64__)
+#define VEC_AVX2 &ct_vec_avx2
+#else
+#define VEC_AVX2 &ct_vec_scalar
+#endif
 
-float ct_vmax(const float *x, int64_t n)
-{
-    if (ct_use_avx2()) return ct_vmax_avx2(x, n);
-    float m = -INFINITY;
-    for (int64_t i = 0; i < n; i++)
-        if (x[i] > m || isnan(x[i])) m = x[i];
-    return m;
-}
+/* avx512 has no bodies of its own here (the AVX2 ones are memory bound); neon/sve bodies
+ * are not written yet, so those fall back to scalar. */
+const ct_vec_kernels *const ct_vec_tables[CT_ISA_COUNT] = {
+    [CT_ISA_SCALAR] = &ct_vec_scalar, [CT_ISA_AVX2] = VEC_AVX2, [CT_ISA_AVX512] = VEC_AVX2,
+    [CT_ISA_NEON] = &ct_vec_scalar,   [CT_ISA_SVE] = &ct_vec_scalar,
+};
 
+float ct_vmax(const float *x, int64_t n) { return CT_KERNELS(ct_vec_tables)->vmax(x, n); }
 float ct_vexpsum(float *out, const float *x, float m, int64_t n)
 {
-    if (ct_use_avx2()) return ct_vexpsum_avx2(out, x, m, n);
-    float s = 0.0f;
-    for (int64_t i = 0; i < n; i++) {
-        float e = expf(x[i] - m);
-        if (out) out[i] = e;
-        s += e;
-    }
-    return s;
+    return CT_KERNELS(ct_vec_tables)->vexpsum(out, x, m, n);
 }
-
-float ct_vsum(const float *x, int64_t n)
-{
-    if (ct_use_avx2()) return ct_vsum_avx2(x, n);
-    float s = 0.0f;
-    for (int64_t i = 0; i < n; i++) s += x[i];
-    return s;
-}
-
-float ct_vdot(const float *a, const float *b, int64_t n)
-{
-    if (ct_use_avx2()) return ct_vdot_avx2(a, b, n);
-    float s = 0.0f;
-    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
-void ct_vaxpy(float *y, float a, const float *x, int64_t n)
-{
-    if (ct_use_avx2()) {
-        ct_vaxpy_avx2(y, a, x, n);
-        return;
-    }
-    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
-}
-
-void ct_vscale(float *x, float a, int64_t n)
-{
-    if (ct_use_avx2()) {
-        ct_vscale_avx2(x, a, n);
-        return;
-    }
-    for (int64_t i = 0; i < n; i++) x[i] *= a;
-}
+float ct_vsum(const float *x, int64_t n) { return CT_KERNELS(ct_vec_tables)->vsum(x, n); }
+float ct_vdot(const float *a, const float *b, int64_t n) { return CT_KERNELS(ct_vec_tables)->vdot(a, b, n); }
+void ct_vaxpy(float *y, float a, const float *x, int64_t n) { CT_KERNELS(ct_vec_tables)->vaxpy(y, a, x, n); }
+void ct_vscale(float *x, float a, int64_t n) { CT_KERNELS(ct_vec_tables)->vscale(x, a, n); }

@@ -1,5 +1,5 @@
 /* Row primitives shared by softmax, cross-entropy and attention: vectorised where the CPU
- * allows (vecmath_avx2.c), scalar otherwise. Each is a pure function of its inputs, so
+ * allows, scalar otherwise (kernel tables: vecmath_kernels.h). Each is a pure function of its inputs, so
  * results never depend on how rows are split across threads. The AVX2 exp is a
  * polynomial with relative error below 2e-7 (the scalar path uses expf). */
 #ifndef CT_OPS_VECMATH_H
@@ -19,13 +19,5 @@ float ct_vdot(const float *a, const float *b, int64_t n);
 void ct_vaxpy(float *y, float a, const float *x, int64_t n);
 /* x[i] *= a */
 void ct_vscale(float *x, float a, int64_t n);
-
-/* AVX2 bodies (only called when ct_use_avx2()). */
-float ct_vmax_avx2(const float *x, int64_t n);
-float ct_vexpsum_avx2(float *out, const float *x, float m, int64_t n);
-float ct_vsum_avx2(const float *x, int64_t n);
-float ct_vdot_avx2(const float *a, const float *b, int64_t n);
-void ct_vaxpy_avx2(float *y, float a, const float *x, int64_t n);
-void ct_vscale_avx2(float *x, float a, int64_t n);
 
 #endif

@@ -136,8 +136,27 @@ static void test_isa(void)
     CHECK(ct_active_isa() == CT_ISA_SCALAR);
     CHECK(!strcmp(ct_isa_name(CT_ISA_SCALAR), "scalar"));
     CHECK_STATUS(ct_set_isa((ct_isa)7), CT_EINVAL);
-    if (best == CT_ISA_AVX2) CHECK_OK(ct_set_isa(CT_ISA_AVX2));
-    else CHECK_STATUS(ct_set_isa(CT_ISA_AVX2), CT_EUNSUPPORTED);
+    CHECK_STATUS(ct_set_isa((ct_isa)-1), CT_EINVAL);
+    CHECK(!strcmp(ct_isa_name(CT_ISA_AVX512), "avx512") && !strcmp(ct_isa_name(CT_ISA_SVE), "sve"));
+    CHECK(!strcmp(ct_isa_name((ct_isa)9), "unknown"));
+    CHECK(ct_cpu_has_isa(CT_ISA_SCALAR) && ct_cpu_name()[0]);
+    CHECK_OK(ct_isa_env_status()); /* the test runs without CT_FORCE_ISA */
+    for (int i = 0; i < CT_ISA_COUNT; i++) {
+        if (ct_cpu_has_isa((ct_isa)i)) {
+            CHECK_OK(ct_set_isa((ct_isa)i));
+            CHECK(ct_active_isa() == (ct_isa)i);
+        } else {
+            CHECK_STATUS(ct_set_isa((ct_isa)i), CT_EUNSUPPORTED);
+            CHECK(strstr(ct_last_error(), ct_cpu_name()) != NULL); /* names the CPU */
+            printf("test_core: %s not on %s: its ct_set_isa refusal checked, its kernels SKIPPED\n",
+                   ct_isa_name((ct_isa)i), ct_cpu_name());
+        }
+    }
+#if defined(__x86_64__)
+    CHECK(!ct_cpu_has_isa(CT_ISA_NEON) && !ct_cpu_has_isa(CT_ISA_SVE));
+    if (ct_cpu_has_isa(CT_ISA_AVX512)) CHECK(ct_cpu_has_isa(CT_ISA_AVX2));
+#endif
+    CHECK_OK(ct_set_isa(best));
 }
 
 static void test_dtypes(void)

@@ -1,0 +1,57 @@
+"""CT_FORCE_ISA / CT_FORCE_SCALAR as the CLI sees them (issue 12): the instruction set in
+use is printed by `ctorch version`; forcing one the CPU lacks, or an unknown name, is an
+error naming the CPU (or the accepted names) and the command does not run."""
+import os
+import subprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+NAMES = ["scalar", "avx2", "avx512", "neon", "sve"]
+
+
+def cli_path():
+    if os.environ.get("CTORCH_CLI"):
+        return os.environ["CTORCH_CLI"]
+    lib = os.environ.get("CTORCH_LIB")
+    if lib:
+        return os.path.join(os.path.dirname(lib), "ctorch")
+    return os.path.join(ROOT, "build", "ctorch")
+
+
+def version(**env):
+    e = {k: v for k, v in os.environ.items() if k not in ("CT_FORCE_ISA", "CT_FORCE_SCALAR")}
+    e.update(env)
+    return subprocess.run([cli_path(), "version"], env=e, capture_output=True, text=True, timeout=60)
+
+
+def isa_of(out):
+    return out.split("(")[1].split(",")[0]
+
+
+def test_default_is_best_and_scalar_alias():
+    best = version()
+    assert best.returncode == 0, best.stderr
+    assert isa_of(best.stdout) in NAMES
+    for env in ({"CT_FORCE_SCALAR": "1"}, {"CT_FORCE_ISA": "scalar"}):
+        r = version(**env)
+        assert r.returncode == 0 and isa_of(r.stdout) == "scalar", (env, r.stdout, r.stderr)
+    r = version(CT_FORCE_SCALAR="0")
+    assert isa_of(r.stdout) == isa_of(best.stdout)
+
+
+def test_forced_isa_runs_or_names_the_cpu():
+    ran = 0
+    for name in NAMES:
+        r = version(CT_FORCE_ISA=name)
+        if r.returncode == 0:
+            assert isa_of(r.stdout) == name
+            ran += 1
+        else:
+            assert r.stdout == ""
+            assert "CT_EUNSUPPORTED" in r.stderr and ("lacks " + name) in r.stderr, r.stderr
+            print("CT_FORCE_ISA=%s refused here: %s" % (name, r.stderr.strip()))
+    assert ran >= 1  # scalar always runs
+
+
+def test_unknown_isa_is_refused():
+    r = version(CT_FORCE_ISA="avx3")
+    assert r.returncode == 1 and "CT_EINVAL" in r.stderr and "scalar, avx2, avx512" in r.stderr
