@@ -544,6 +544,19 @@ CT_API ct_hf_save_options ct_hf_save_options_default(void);
 CT_API ct_status ct_hf_save(ct_gpt *m, const ct_hf_model *like, const char *dir,
                             const ct_hf_save_options *opt);
 
+/** Load a PyTorch state dict (a torch.save file read by ct_load, or any tensor file) into the
+ *  model's own f32 parameters (any float dtype and strides, converted). Names are ctorch's or
+ *  Hugging Face's (model.layers.N.self_attn.q_proj.weight, ...; gate_proj and up_proj the row
+ *  halves of w_gate_up), all under one prefix, found from the embedding: the first tensor named
+ *  [prefix]tok_embeddings.weight or [prefix]model.embed_tokens.weight (prefix "model." for
+ *  torch.save({"model": state_dict}); "" for a bare one). Tensors outside the prefix are not
+ *  looked at; under it, any tensor that is not the model's is refused by name, except
+ *  Hugging Face's derived self_attn.rotary_emb.inv_freq buffers, a tied model's lm_head.weight
+ *  equal to the embedding, and a ctorch checkpoint's optimizer.* / grad.* entries. CT_EFORMAT
+ *  names a missing tensor, a shape that does not match or a foreign tensor; the model's
+ *  weights may then be partly written. */
+CT_API ct_status ct_gpt_load_state_dict(ct_gpt *m, const ct_tensor_file *f);
+
 /* ---- LoRA adapters ---------------------------------------------------------------------------- */
 /*
  * Low-rank adapters in PEFT's layout: for each targeted projection W [out, in] of each layer,

@@ -383,19 +383,7 @@ def _hf_tokens(m, hf_config):
 
 
 lib.ct_hf_config_parse.argtypes = [ctypes.c_char_p, ctypes.c_size_t, _P(_Config), _P(_HfInfo)]
-lib.ct_hf_tensor_name.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
-                                  _P(ctypes.c_int)]
-
-
-def _hf_parts(name):
-    """The Hugging Face names of ctorch tensor `name` (two for w_gate_up: gate, up)."""
-    buf, parts, out = ctypes.create_string_buffer(256), ctypes.c_int(), []
-    check(lib.ct_hf_tensor_name(name.encode(), 0, buf, 256, ctypes.byref(parts)))
-    out.append(buf.value.decode())
-    for k in range(1, parts.value):
-        check(lib.ct_hf_tensor_name(name.encode(), k, buf, 256, None))
-        out.append(buf.value.decode())
-    return out
+lib.ct_gpt_load_state_dict.argtypes = [_vp, _vp]
 
 
 def _read_config(config, path):
@@ -433,46 +421,8 @@ def _load_file(path, config):
                              "under \"config\", or put config.json beside it")
         cfg, bos, eos = _read_config(src, path)
         m = Model(cfg)
-        names = m.names()
-        keys = list(f.keys())
-        # ctorch names or Hugging Face names, under one prefix ("model." of {"model": sd}, ...)
-        prefix, hf = None, False
-        for k in keys:
-            for suffix, is_hf in (("tok_embeddings.weight", False), ("model.embed_tokens.weight", True)):
-                if k.endswith(suffix) and (k == suffix or k[-len(suffix) - 1] == "."):
-                    prefix, hf = k[:-len(suffix)], is_hf
-                    break
-            if prefix is not None:
-                break
-        if prefix is None:
-            raise ValueError(f"ctorch.models.load: {path} holds no tok_embeddings.weight or "
-                             "model.embed_tokens.weight (not a Llama-family state dict)")
-        want, used = {}, set()
-        for n in names:
-            parts = _hf_parts(n) if hf else [n]
-            arrs = []
-            for p_ in parts:
-                if prefix + p_ not in f:
-                    raise ValueError(f"ctorch.models.load: {path} has no tensor '{prefix + p_}'")
-                arrs.append(torch.from_numpy(f.to(prefix + p_, "f32").copy()))
-                used.add(prefix + p_)
-            want[n] = arrs[0] if len(arrs) == 1 else torch.cat(arrs, 0)
-        for k in keys:
-            if not k.startswith(prefix) or k in used:
-                continue
-            rest = k[len(prefix):]
-            if hf and rest.endswith(".self_attn.rotary_emb.inv_freq"):
-                continue  # a derived buffer of older checkpoints
-            if hf and rest == "lm_head.weight" and m.config["tied"]:
-                if not torch.equal(torch.from_numpy(f.to(k, "f32").copy()), want["tok_embeddings.weight"]):
-                    raise ValueError(f"ctorch.models.load: {path}: '{k}' of a tied model differs "
-                                     "from the embedding")
-                continue
-            if not hf and rest.startswith(("optimizer.", "grad.")):
-                continue
-            raise ValueError(f"ctorch.models.load: {path}: tensor '{k}' is not a tensor of this "
-                             "model")
-        m.set_weights(want)
+        # ctorch or Hugging Face names under one prefix, checked and converted by the library
+        check(lib.ct_gpt_load_state_dict(m._m, f._h))
         if bos is None and eos is None:
             _hf_tokens(m, meta.get("hf_config"))
         else:

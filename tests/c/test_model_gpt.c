@@ -602,6 +602,102 @@ static void test_checkpoint_validation(void)
     free(tr);
 }
 
+
+/* ct_gpt_load_state_dict: a state dict under Hugging Face names with a "model." prefix (gate
+ * and up as separate tensors, bf16, an ignored inv_freq buffer, tensors outside the prefix)
+ * and under ctorch names load the same weights as the source (bf16: its rounding); a missing,
+ * a foreign and a mismatched tensor are refused by name. */
+static void test_state_dict(void)
+{
+    ct_gpt_config c = tiny_config();
+    c.window = 0;
+    c.tied = false;
+    c.qkv_bias = true;
+    ct_gpt *a, *b;
+    CHECK_OK(ct_gpt_create(&c, NULL, &a));
+    CHECK_OK(ct_gpt_create(&c, NULL, &b));
+    CHECK_OK(ct_gpt_init(a, 3));
+    int nt = ct_gpt_num_tensors(a), n = 0;
+    ct_tensor ts[64];
+    char names[64][128];
+    const char *np[64];
+    for (int i = 0; i < nt; i++) { /* HF names, bf16, w_gate_up split in two */
+        const char *ct;
+        ct_tensor p;
+        int parts;
+        CHECK_OK(ct_gpt_tensor(a, i, &ct, &p, NULL));
+        CHECK_OK(ct_hf_tensor_name(ct, 0, names[n], 100, &parts));
+        for (int k = 0; k < parts; k++) {
+            char hfn[100];
+            CHECK_OK(ct_hf_tensor_name(ct, k, hfn, sizeof hfn, NULL));
+            snprintf(names[n], sizeof names[n], "model.%s", hfn);
+            ct_tensor half = p;
+            if (parts > 1) CHECK_OK(ct_tensor_slice(&p, 0, k * p.shape[0] / 2, (k + 1) * p.shape[0] / 2, 1, &half));
+            CHECK_OK(ct_tensor_cast(&half, CT_DTYPE_BF16, &ts[n]));
+            np[n] = names[n];
+            n++;
+        }
+    }
+    int ncast = n;
+    float inv[2] = {1, 2};
+    ct_tensor extra[2];
+    CHECK_OK(ct_tensor_wrap(&extra[0], inv, CT_DTYPE_F32, 1, (int64_t[]){2}, NULL));
+    CHECK_OK(ct_tensor_wrap(&extra[1], inv, CT_DTYPE_F32, 1, (int64_t[]){2}, NULL));
+    ts[n] = extra[0];
+    np[n++] = "model.model.layers.0.self_attn.rotary_emb.inv_freq";
+    ts[n] = extra[1];
+    np[n++] = "optim.step"; /* outside the prefix: not looked at */
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/ct_test_sd_%d.safetensors", (int)getpid());
+    CHECK_OK(ct_save_safetensors(path, ts, np, (size_t)n, NULL, NULL, 0, NULL));
+    ct_tensor_file *f;
+    CHECK_OK(ct_load(path, NULL, &f));
+    CHECK_OK(ct_gpt_load_state_dict(b, f));
+    ct_tensor_file_close(f);
+    const float *pa = ct_gpt_params(a), *pb = ct_gpt_params(b);
+    int64_t bad = 0;
+    for (int64_t j = 0; j < ct_gpt_num_params(a); j++) /* the naive reference: round each */
+        bad += ct_bf16_to_f32(ct_f32_to_bf16(pa[j])) != pb[j];
+    CHECK(bad == 0);
+    /* a foreign tensor under the prefix, then a missing one */
+    ts[n - 1] = extra[1];
+    np[n - 1] = "model.model.layers.0.mlp.frob.weight";
+    CHECK_OK(ct_save_safetensors(path, ts, np, (size_t)n, NULL, NULL, 0, NULL));
+    CHECK_OK(ct_load(path, NULL, &f));
+    CHECK_STATUS(ct_gpt_load_state_dict(b, f), CT_EFORMAT);
+    CHECK(strstr(ct_last_error(), "model.model.layers.0.mlp.frob.weight") != NULL);
+    ct_tensor_file_close(f);
+    CHECK_OK(ct_save_safetensors(path, ts + 1, np + 1, (size_t)n - 2, NULL, NULL, 0, NULL));
+    CHECK_OK(ct_load(path, NULL, &f));
+    CHECK_STATUS(ct_gpt_load_state_dict(b, f), CT_EFORMAT);
+    CHECK(strstr(ct_last_error(), "model.model.embed_tokens.weight") != NULL ||
+          strstr(ct_last_error(), "tok_embeddings") != NULL);
+    ct_tensor_file_close(f);
+    for (int i = 0; i < ncast; i++)
+        ct_tensor_free(&ts[i]);
+    /* ctorch names, no prefix, f32: the same bits; a wrong shape is named */
+    for (int i = 0; i < nt; i++) {
+        const char *ct;
+        CHECK_OK(ct_gpt_tensor(a, i, &ct, &ts[i], NULL));
+        np[i] = ct;
+    }
+    CHECK_OK(ct_save_safetensors(path, ts, np, (size_t)nt, NULL, NULL, 0, NULL));
+    CHECK_OK(ct_load(path, NULL, &f));
+    CHECK_OK(ct_gpt_load_state_dict(b, f));
+    CHECK(memcmp(pa, ct_gpt_params(b), (size_t)ct_gpt_num_params(a) * sizeof(float)) == 0);
+    ct_tensor_file_close(f);
+    ts[nt - 1] = extra[0];
+    CHECK_OK(ct_save_safetensors(path, ts, np, (size_t)nt, NULL, NULL, 0, NULL));
+    CHECK_OK(ct_load(path, NULL, &f));
+    CHECK_STATUS(ct_gpt_load_state_dict(b, f), CT_EINVAL);
+    CHECK(strstr(ct_last_error(), np[nt - 1]) != NULL);
+    ct_tensor_file_close(f);
+    CHECK_STATUS(ct_gpt_load_state_dict(NULL, f), CT_EINVAL);
+    unlink(path);
+    ct_gpt_free(a);
+    ct_gpt_free(b);
+}
+
 int main(void)
 {
     test_gradients(true, false, true, 0);
@@ -616,5 +712,6 @@ int main(void)
     test_bad_input();
     test_next_logits();
     test_logits();
+    test_state_dict();
     return t_report("test_model_gpt");
 }
