@@ -37,6 +37,20 @@ static ct_status fwd_bwd(void *p)
     return s;
 }
 
+static ct_status fwd_only(void *p)
+{
+    acase *c = p;
+    return ct_flex_attention_forward(&c->q, &c->k, &c->v, c->bm, &c->fo, &c->o, &c->lse);
+}
+
+/* The backward alone (o and lse from a forward run before). */
+static ct_status bwd_only(void *p)
+{
+    acase *c = p;
+    return ct_flex_attention_backward(&c->q, &c->k, &c->v, &c->o, &c->lse, &c->dout, c->bm, &c->fo,
+                                      &c->dq, &c->dk, &c->dv);
+}
+
 static ct_status rnd(ct_tensor *t, long long H, long long L, long long E, uint64_t seed)
 {
     int64_t shape[4] = {1, H, L, E};
@@ -107,18 +121,27 @@ static ct_status compare(bench_ctx *b, long long H, long long L, long long E,
                          const ct_mask_mod *cm, json_t **out)
 {
     acase x, y;
-    bench_time tb, tc;
+    bench_time tb, tc, fb, fc, bb, bc;
     ct_status s = case_init(&x, H, L, E, bim);
     if (s == CT_OK) s = case_init(&y, H, L, E, cm);
     x.fo.score_mod = bi;
     y.fo.score_mod = cs;
+    /* built-in and compiled alternate per phase, so a change of load hits both */
+    if (s == CT_OK) s = bench_time_fn(b->repeats, fwd_only, &x, &fb);
+    if (s == CT_OK) s = bench_time_fn(b->repeats, fwd_only, &y, &fc);
+    if (s == CT_OK) s = bench_time_fn(b->repeats, bwd_only, &x, &bb);
+    if (s == CT_OK) s = bench_time_fn(b->repeats, bwd_only, &y, &bc);
     if (s == CT_OK) s = bench_time_fn(b->repeats, fwd_bwd, &x, &tb);
     if (s == CT_OK) s = bench_time_fn(b->repeats, fwd_bwd, &y, &tc);
     if (s == CT_OK) {
         double d = fmax(maxdiff(&x.o, &y.o), fmax(maxdiff(&x.dq, &y.dq), maxdiff(&x.dk, &y.dk)));
-        *out = json_pack("{s:o, s:o, s:f, s:f}", "builtin", bench_time_json(&tb), "compiled",
-                         bench_time_json(&tc), "compiled_over_builtin", tc.median / tb.median,
-                         "max_abs_diff", d);
+        *out = json_pack("{s:o, s:o, s:f, s:f, s:{s:o, s:o, s:f}, s:{s:o, s:o, s:f}}", "builtin",
+                         bench_time_json(&tb), "compiled", bench_time_json(&tc),
+                         "compiled_over_builtin", tc.median / tb.median, "max_abs_diff", d,
+                         "forward", "builtin", bench_time_json(&fb), "compiled", bench_time_json(&fc),
+                         "compiled_over_builtin", fc.median / fb.median, "backward", "builtin",
+                         bench_time_json(&bb), "compiled", bench_time_json(&bc),
+                         "compiled_over_builtin", bc.median / bb.median);
     }
     case_free(&x);
     case_free(&y);
@@ -253,12 +276,13 @@ int bench_compile(bench_ctx *b, int argc, char **argv)
         snprintf(e, sizeof e, "score * %d.5 + (q - kv) / %d", i + 1, i + 2);
         s = time_one_compile(e, false, &oc, &cold[i]);
     }
+    ct_jit_stats st0, st;
+    ct_jit_get_stats(&st0);
     for (int i = 0; i < 7 && !s; i++) {
         ct_jit_reset_table();
         s = time_one_compile("score * 1.5 + (q - kv) / 2", false, &oc, &warm[i]);
     }
-    ct_jit_stats st;
-    ct_jit_get_stats(&st);
+    ct_jit_get_stats(&st); /* the warm loads: processes started, disk hits */
     /* 5. 8 distinct mods: pool vs one after another (fresh caches) */
     double t_ser = 0, t_pool = 0;
     if (!s) {
@@ -295,15 +319,15 @@ int bench_compile(bench_ctx *b, int argc, char **argv)
         double cm = median(cold, 6), wm = median(warm, 7);
         json_t *j = json_pack(
             "{s:s, s:o, s:{s:I, s:I, s:I, s:I}, s:o, s:o, s:{s:I, s:o, s:o}, s:{s:f, s:f}, "
-            "s:{s:f, s:f, s:I}, s:{s:i, s:f, s:f, s:f}}",
+            "s:{s:f, s:f, s:I, s:I}, s:{s:i, s:f, s:f, s:f}}",
             "bench", "compile", "machine", bench_machine_json(sg), "shape", "B", (json_int_t)1, "H",
             (json_int_t)H, "L", (json_int_t)L, "E", (json_int_t)E, "alibi_causal_fwd_bwd", alibi,
             "softcap_causal_fwd_bwd", softcap, "vs_torch_dense_alibi_causal", "seq", (json_int_t)TL,
             "ctorch_compiled", ours, "torch", torchj, "cold_compile_per_kernel_s", "median", cm,
             "max", cold[5] > cold[0] ? cold[5] : cold[0], "warm_cache_load_ms", "median", wm * 1e3,
-            "min", warm[0] * 1e3, "warm_load_processes", (json_int_t)0, "pool_8_mods", "threads",
+            "min", warm[0] * 1e3, "warm_load_processes", (json_int_t)(st.processes - st0.processes), "warm_load_cache_hits",
+            (json_int_t)(st.cache_hits - st0.cache_hits), "pool_8_mods", "threads",
             pool_threads, "serial_s", t_ser, "pool_s", t_pool, "pool_over_serial", t_pool / t_ser);
-        (void)st;
         alibi = softcap = torchj = ours = NULL;
         if (b->json) {
             bench_print_json(j);
@@ -312,16 +336,20 @@ int bench_compile(bench_ctx *b, int argc, char **argv)
                    *c = json_object_get(j, "softcap_causal_fwd_bwd");
             printf("compiled mods vs built-ins, flex fwd+bwd, B=1 H=%lld L=%lld E=%lld (median of %d)\n",
                    H, L, E, b->repeats);
-            printf("  alibi+causal   built-in %.3f s  compiled %.3f s  (%.3fx, max diff %.2g)\n",
-                   json_real_value(json_object_get(json_object_get(a, "builtin"), "median_s")),
-                   json_real_value(json_object_get(json_object_get(a, "compiled"), "median_s")),
-                   json_real_value(json_object_get(a, "compiled_over_builtin")),
-                   json_real_value(json_object_get(a, "max_abs_diff")));
-            printf("  softcap+causal built-in %.3f s  compiled %.3f s  (%.3fx, max diff %.2g)\n",
-                   json_real_value(json_object_get(json_object_get(c, "builtin"), "median_s")),
-                   json_real_value(json_object_get(json_object_get(c, "compiled"), "median_s")),
-                   json_real_value(json_object_get(c, "compiled_over_builtin")),
-                   json_real_value(json_object_get(c, "max_abs_diff")));
+            json_t *rows[2] = {a, c};
+            const char *names[2] = {"alibi+causal  ", "softcap+causal"};
+            for (int r = 0; r < 2; r++) {
+                json_t *x = rows[r], *f = json_object_get(x, "forward"), *w = json_object_get(x, "backward");
+#define MED(o, k) json_real_value(json_object_get(json_object_get(o, k), "median_s"))
+                printf("  %s fwd+bwd built-in %.3f s compiled %.3f s (%.3fx, max diff %.2g); fwd %.3fx; "
+                       "bwd %.3fx\n",
+                       names[r], MED(x, "builtin"), MED(x, "compiled"),
+                       json_real_value(json_object_get(x, "compiled_over_builtin")),
+                       json_real_value(json_object_get(x, "max_abs_diff")),
+                       json_real_value(json_object_get(f, "compiled_over_builtin")),
+                       json_real_value(json_object_get(w, "compiled_over_builtin")));
+#undef MED
+            }
             json_t *tv = json_object_get(j, "vs_torch_dense_alibi_causal");
             json_t *tj = json_object_get(tv, "torch");
             double ct = json_real_value(json_object_get(json_object_get(tv, "ctorch_compiled"), "median_s"));
@@ -333,8 +361,9 @@ int bench_compile(bench_ctx *b, int argc, char **argv)
             else
                 printf("  vs PyTorch dense reference at L=%lld: ctorch %.3f s, torch %s\n", TL, ct,
                        json_string_value(json_object_get(tj, "status")));
-            printf("cold compile per kernel: median %.3f s; warm cache load: median %.2f ms (no process)\n",
-                   cm, wm * 1e3);
+            printf("cold compile per kernel: median %.3f s; warm cache load: median %.2f ms (%lld "
+                   "processes)\n",
+                   cm, wm * 1e3, (long long)(st.processes - st0.processes));
             printf("8 mods: serial %.2f s, pool of %d %.2f s (%.2fx)\n", t_ser, pool_threads, t_pool,
                    t_pool / t_ser);
         }

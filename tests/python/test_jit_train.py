@@ -66,3 +66,19 @@ def test_flag_rules(tmp_path):
     ctorch("train", *TINY, "--steps", 1, "--quiet", "--out", tmp_path / "ok", "--score-mod", "score")
     r = ctorch("train", "--resume", "--out", tmp_path / "ok", "--score-mod", "score * 2", ok=False)
     assert r.returncode == 2 and "--score-mod" in r.stderr
+
+
+def test_bench_compile_smoke():
+    """ctorch bench compile --json at a small size: every figure present, the compiled mods give
+    the built-ins' results, and the warm loads ran no process (figures are not checked)."""
+    r = ctorch("bench", "compile", "--seq", 192, "--torch-seq", 64, "--json")
+    j = json.loads(r.stdout)
+    for k in ("alibi_causal_fwd_bwd", "softcap_causal_fwd_bwd"):
+        for phase in (j[k], j[k]["forward"], j[k]["backward"]):
+            assert phase["builtin"]["median_s"] > 0 and phase["compiled"]["median_s"] > 0
+        assert j[k]["max_abs_diff"] < 1e-5
+    assert j["vs_torch_dense_alibi_causal"]["torch"]["status"] == "ok"
+    assert j["cold_compile_per_kernel_s"]["median"] > 0
+    assert j["warm_cache_load_ms"]["warm_load_processes"] == 0
+    assert j["warm_cache_load_ms"]["warm_load_cache_hits"] == 7
+    assert j["pool_8_mods"]["serial_s"] > 0 and j["pool_8_mods"]["pool_s"] > 0
