@@ -249,7 +249,7 @@ static ct_status make_env(const char *fn, const ct_jit_options *o, env *e)
     for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
         e->flags[e->nflags++] = base[i];
 #if defined(__x86_64__)
-    if (ct_active_isa() == CT_ISA_AVX2) {
+    if (ct_active_isa() == CT_ISA_AVX2 || ct_active_isa() == CT_ISA_AVX512) { /* AVX-512 has AVX2 */
         e->flags[e->nflags++] = "-mavx2";
         e->flags[e->nflags++] = "-mfma";
     }

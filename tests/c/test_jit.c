@@ -600,6 +600,11 @@ static void check_env(void)
     unsetenv("CTJ_TRIES");
     /* generated code is compiled with -Wall -Werror (and compiles) */
     CHECK(file_has(args, "-Wall") && file_has(args, "-Werror"));
+#if defined(__x86_64__)
+    /* vector flags follow the library's kernels (AVX-512 machines run AVX2 code too) */
+    bool vec = ct_active_isa() == CT_ISA_AVX2 || ct_active_isa() == CT_ISA_AVX512;
+    CHECK(file_has(args, "-mavx2") == vec);
+#endif
     /* CT_COMPILE_TIMEOUT */
     char slow[300];
     snprintf(slow, sizeof slow, "%s/slowcc2", g_dir);
