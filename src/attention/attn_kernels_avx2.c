@@ -1,64 +1,12 @@
 /* AVX2 + FMA bodies of the attention tile kernels (see attn_kernels.h). */
 #include "attention/attn_kernels.h"
 
+#include "simd/simd_avx2.h"
+
 #include <immintrin.h>
 #include <math.h>
 
 #define AI static inline __attribute__((always_inline))
-
-/* exp(x): x = n ln2 + r with |r| <= ln2 / 2, e^r by its Taylor series to r^7 (relative error
- * < 1e-8 before rounding), 2^n through the exponent bits. Below -87.3 the result is 0, so
- * exp(-inf) = 0; above 88.7 it is +inf. */
-AI __m256 exp8(__m256 x)
-{
-    const __m256 lo = _mm256_set1_ps(-87.33654f), hi = _mm256_set1_ps(88.72283f);
-    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    __m256 over = _mm256_cmp_ps(x, hi, _CMP_GT_OQ);
-    __m256 xc = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
-    p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
-    /* 2^n as two factors so n = 128 (x near the top) does not overflow the exponent field */
-    __m256i ni = _mm256_cvtps_epi32(n);
-    __m256i h = _mm256_srai_epi32(ni, 1);
-    __m256 f1 =
-        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, _mm256_set1_epi32(127)), 23));
-    __m256 f2 = _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, h), _mm256_set1_epi32(127)), 23));
-    __m256 res = _mm256_mul_ps(_mm256_mul_ps(p, f1), f2);
-    res = _mm256_andnot_ps(under, res);
-    res = _mm256_blendv_ps(res, _mm256_set1_ps(INFINITY), over);
-    return _mm256_blendv_ps(res, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q)); /* NaN stays NaN */
-}
-
-/* tanh(y): an odd Taylor polynomial below |y| = 0.25, 1 - 2 / (e^{2|y|} + 1) above. */
-AI __m256 tanh8(__m256 y)
-{
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 ay = _mm256_andnot_ps(sign, y);
-    __m256 y2 = _mm256_mul_ps(y, y);
-    __m256 p = _mm256_set1_ps(62.0f / 2835.0f);
-    p = _mm256_fmadd_ps(p, y2, _mm256_set1_ps(-17.0f / 315.0f));
-    p = _mm256_fmadd_ps(p, y2, _mm256_set1_ps(2.0f / 15.0f));
-    p = _mm256_fmadd_ps(p, y2, _mm256_set1_ps(-1.0f / 3.0f));
-    p = _mm256_mul_ps(p, y2);
-    __m256 small = _mm256_fmadd_ps(p, y, y);
-    __m256 e = exp8(_mm256_add_ps(ay, ay));
-    __m256 big =
-        _mm256_sub_ps(_mm256_set1_ps(1.0f),
-                      _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
-    big = _mm256_or_ps(big, _mm256_and_ps(y, sign));
-    return _mm256_blendv_ps(big, small, _mm256_cmp_ps(ay, _mm256_set1_ps(0.25f), _CMP_LT_OQ));
-}
 
 /* ---- GEMM micro-kernel: an mr x (8 nv) block of C, A broadcast, B rows loaded ----------- */
 
@@ -152,19 +100,19 @@ void at_softmax_update_avx2(float *S, int64_t nk, int64_t ld, int64_t ncols, flo
         for (int64_t j = 0; j < nk; j++)
             mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + j * ld));
         __m256 use = _mm256_blendv_ps(mx, zero, _mm256_cmp_ps(mx, ninf, _CMP_EQ_OQ));
-        __m256 a = exp8(_mm256_sub_ps(mo, use));
+        __m256 a = ct_exp256(_mm256_sub_ps(mo, use));
         __m256 sum0 = zero, sum1 = zero;
         int64_t j = 0;
         for (; j + 2 <= nk; j += 2) {
-            __m256 p0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j * ld), use));
-            __m256 p1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + (j + 1) * ld), use));
+            __m256 p0 = ct_exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j * ld), use));
+            __m256 p1 = ct_exp256(_mm256_sub_ps(_mm256_loadu_ps(s + (j + 1) * ld), use));
             _mm256_storeu_ps(s + j * ld, p0);
             _mm256_storeu_ps(s + (j + 1) * ld, p1);
             sum0 = _mm256_add_ps(sum0, p0);
             sum1 = _mm256_add_ps(sum1, p1);
         }
         if (j < nk) {
-            __m256 p0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j * ld), use));
+            __m256 p0 = ct_exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j * ld), use));
             _mm256_storeu_ps(s + j * ld, p0);
             sum0 = _mm256_add_ps(sum0, p0);
         }
@@ -181,7 +129,7 @@ void at_exp_sub_avx2(float *S, int64_t nk, int64_t ld, int64_t ncols, const floa
         __m256 lv = _mm256_loadu_ps(lse + i);
         for (int64_t j = 0; j < nk; j++) {
             float *p = S + j * ld + i;
-            _mm256_storeu_ps(p, exp8(_mm256_sub_ps(_mm256_loadu_ps(p), lv)));
+            _mm256_storeu_ps(p, ct_exp256(_mm256_sub_ps(_mm256_loadu_ps(p), lv)));
         }
     }
 }
@@ -264,12 +212,12 @@ void at_softcap_fwd_avx2(float *x, int64_t n, float cap)
     __m256 c = _mm256_set1_ps(cap), ic = _mm256_set1_ps(1.0f / cap);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(x + i, _mm256_mul_ps(c, tanh8(_mm256_mul_ps(_mm256_loadu_ps(x + i), ic))));
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(c, ct_tanh256(_mm256_mul_ps(_mm256_loadu_ps(x + i), ic))));
     if (i < n) {
         float buf[8] = {0};
         for (int64_t t = 0; t < n - i; t++)
             buf[t] = x[i + t];
-        _mm256_storeu_ps(buf, _mm256_mul_ps(c, tanh8(_mm256_mul_ps(_mm256_loadu_ps(buf), ic))));
+        _mm256_storeu_ps(buf, _mm256_mul_ps(c, ct_tanh256(_mm256_mul_ps(_mm256_loadu_ps(buf), ic))));
         for (int64_t t = 0; t < n - i; t++)
             x[i + t] = buf[t];
     }
@@ -280,14 +228,14 @@ void at_softcap_bwd_avx2(const float *s, float *g, int64_t n, float cap)
     __m256 ic = _mm256_set1_ps(1.0f / cap), one = _mm256_set1_ps(1.0f);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m256 t = tanh8(_mm256_mul_ps(_mm256_loadu_ps(s + i), ic));
+        __m256 t = ct_tanh256(_mm256_mul_ps(_mm256_loadu_ps(s + i), ic));
         _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_loadu_ps(g + i), _mm256_fnmadd_ps(t, t, one)));
     }
     if (i < n) {
         float sb[8] = {0}, gb[8] = {0};
         for (int64_t t = 0; t < n - i; t++)
             sb[t] = s[i + t], gb[t] = g[i + t];
-        __m256 t = tanh8(_mm256_mul_ps(_mm256_loadu_ps(sb), ic));
+        __m256 t = ct_tanh256(_mm256_mul_ps(_mm256_loadu_ps(sb), ic));
         _mm256_storeu_ps(gb, _mm256_mul_ps(_mm256_loadu_ps(gb), _mm256_fnmadd_ps(t, t, one)));
         for (int64_t t2 = 0; t2 < n - i; t2++)
             g[i + t2] = gb[t2];

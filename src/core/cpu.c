@@ -85,12 +85,6 @@ ct_isa ct_active_isa(void)
     return isa_active;
 }
 
-bool ct_use_avx2(void)
-{
-    ct_isa isa = ct_active_isa();
-    return isa == CT_ISA_AVX2 || isa == CT_ISA_AVX512;
-}
-
 ct_status ct_isa_env_status(void)
 {
     pthread_once(&isa_once, isa_detect);

@@ -45,9 +45,6 @@ static inline bool ct_add_size(size_t a, size_t b, size_t *out)
  * the family fills every slot (an instruction set without bodies points at the next one
  * down). Chosen by index, so ct_set_isa() re-selects every family at once. */
 #define CT_KERNELS(tab) ((tab)[ct_active_isa()])
-/* True when the active instruction set runs the AVX2 bodies (avx2 or avx512): used only by
- * elementwise.c and norm.c, not yet behind kernel tables. */
-bool ct_use_avx2(void);
 
 
 #endif

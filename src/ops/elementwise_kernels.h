@@ -1,20 +1,30 @@
-/* Activation and RMSNorm row kernels (private). Scalar bodies are in elementwise.c and
- * norm.c, the AVX2 + FMA bodies in elementwise_avx2.c; bf selects bf16 arrays (0: f32). */
+/* Activation kernels (private table). Bodies: elementwise_scalar.c (libm erfcf / expf, the
+ * reference the SIMD bodies are tested against), elementwise_avx2.c (AVX2 + FMA, maths of
+ * simd/simd_avx2.h). kind: CT_GELU_NONE (0), CT_GELU_TANH (1), 2 = SiLU; bf selects bf16
+ * arrays (0: f32). elementwise.c calls CT_KERNELS(ct_elementwise_tables). */
 #ifndef CT_ELEMENTWISE_KERNELS_H
 #define CT_ELEMENTWISE_KERNELS_H
 
+#include "core/internal.h"
+
 #include <stdint.h>
 
-void ct_act_forward_avx2(int kind, void *out, const void *inp, int64_t n, int bf);
-void ct_act_backward_avx2(int kind, void *dinp, const void *dout, const void *inp, int64_t n,
-                          int bf);
-void ct_swiglu_forward_avx2(void *out, const void *a, const void *b, int64_t n, int bf);
-void ct_swiglu_backward_avx2(void *da, void *db, const void *dout, const void *a, const void *b,
-                             int64_t n, int bf);
-void ct_rmsnorm_forward_rows_avx2(void *out, float *rstd, const void *inp, const void *w,
-                                  int64_t r0, int64_t r1, int64_t C, float eps, int bf);
-void ct_rmsnorm_backward_rows_avx2(void *dinp, float *pw, const void *dout, const void *inp,
-                                   const void *w, const float *rstd, int64_t r0, int64_t r1,
-                                   int64_t C, int bf);
+typedef struct ct_elementwise_kernels {
+    /* out[0..n) = act(inp[0..n)) */
+    void (*act_forward)(int kind, void *out, const void *inp, int64_t n, int bf);
+    /* dinp[0..n) = dout * act'(inp) */
+    void (*act_backward)(int kind, void *dinp, const void *dout, const void *inp, int64_t n, int bf);
+    /* out[0..n) = silu(a) * b */
+    void (*swiglu_forward)(void *out, const void *a, const void *b, int64_t n, int bf);
+    /* da = dout b silu'(a), db = dout silu(a) */
+    void (*swiglu_backward)(void *da, void *db, const void *dout, const void *a, const void *b,
+                            int64_t n, int bf);
+} ct_elementwise_kernels;
+
+extern const ct_elementwise_kernels ct_elementwise_scalar;
+#if defined(__x86_64__)
+extern const ct_elementwise_kernels ct_elementwise_avx2;
+#endif
+extern const ct_elementwise_kernels *const ct_elementwise_tables[CT_ISA_COUNT];
 
 #endif

@@ -3,10 +3,11 @@
  * Rows are independent, so dinp and the outputs are the same bits for any thread count.
  * The weight/bias gradients are sums over rows: each of K = min(N, CT_NORM_ROW_CHUNKS)
  * fixed row chunks (chosen from N alone) accumulates its own f32 partial [C], then the
- * partials are added in chunk order in double and added to dweight/dbias. RMSNorm has AVX2
- * row bodies (elementwise_avx2.c); LayerNorm is scalar C the compiler vectorises. */
+ * partials are added in chunk order in double and added to dweight/dbias. RMSNorm rows go
+ * through the kernel tables of norm_kernels.h (norm_scalar.c, norm_avx2.c); LayerNorm is
+ * scalar C the compiler vectorises. */
 #include "core/internal.h"
-#include "ops/elementwise_kernels.h"
+#include "ops/norm_kernels.h"
 #include "ctorch/ops.h"
 
 #include <math.h>
@@ -172,73 +173,28 @@ static void run_rows_fwd(norm_ctx *c, rows_fn fn)
 
 /* ---- RMSNorm -------------------------------------------------------------------------- */
 
-CT_INLINE void rms_fwd_rows_t(const norm_ctx *c, int64_t r0, int64_t r1, float *pw, float *pb,
-                              const int bf)
-{
-    int64_t C = c->C;
-    if (ct_use_avx2()) {
-        ct_rmsnorm_forward_rows_avx2(c->out, c->rstd, c->inp, c->w, r0, r1, C, c->eps, bf);
-        return;
-    }
-    for (int64_t r = r0; r < r1; r++) {
-        const void *x = row_c(c->inp, r, C, bf);
-        void *y = row_m(c->out, r, C, bf);
-        float ss = 0.0f;
-        for (int64_t i = 0; i < C; i++) {
-            float v = ldx(x, i, bf);
-            ss += v * v;
-        }
-        float rs = 1.0f / sqrtf(ss / (float)C + c->eps);
-        if (c->rstd) c->rstd[r] = rs;
-        for (int64_t i = 0; i < C; i++) {
-            float v = ldx(x, i, bf) * rs;
-            if (c->w) v *= ldx(c->w, i, bf);
-            stx(y, i, v, bf);
-        }
-    }
-}
+#if defined(__x86_64__)
+#define NORM_AVX2 &ct_norm_avx2
+#else
+#define NORM_AVX2 &ct_norm_scalar
+#endif
+
+/* The RMSNorm rows are memory bound: avx512 uses the AVX2 bodies; neon/sve bodies are not
+ * written yet. */
+const ct_norm_kernels *const ct_norm_tables[CT_ISA_COUNT] = {
+    [CT_ISA_SCALAR] = &ct_norm_scalar, [CT_ISA_AVX2] = NORM_AVX2, [CT_ISA_AVX512] = NORM_AVX2,
+    [CT_ISA_NEON] = &ct_norm_scalar,   [CT_ISA_SVE] = &ct_norm_scalar,
+};
 
 static void rms_fwd_rows(const norm_ctx *c, int64_t r0, int64_t r1, float *pw, float *pb)
 {
-    if (c->bf)
-        rms_fwd_rows_t(c, r0, r1, pw, pb, 1);
-    else
-        rms_fwd_rows_t(c, r0, r1, pw, pb, 0);
-}
-
-CT_INLINE void rms_bwd_rows_t(const norm_ctx *c, int64_t r0, int64_t r1, float *pw, float *pb,
-                              const int bf)
-{
-    int64_t C = c->C;
-    if (ct_use_avx2()) {
-        ct_rmsnorm_backward_rows_avx2(c->out, pw, c->dout, c->inp, c->w, c->srstd, r0, r1, C, bf);
-        return;
-    }
-    for (int64_t r = r0; r < r1; r++) {
-        const void *x = row_c(c->inp, r, C, bf), *g = row_c(c->dout, r, C, bf);
-        void *dx = row_m(c->out, r, C, bf);
-        float rs = c->srstd[r], dot = 0.0f;
-        for (int64_t i = 0; i < C; i++) {
-            float gw = ldx(g, i, bf);
-            if (c->w) gw *= ldx(c->w, i, bf);
-            dot += gw * ldx(x, i, bf);
-        }
-        float k = dot / (float)C * rs * rs * rs;
-        for (int64_t i = 0; i < C; i++) {
-            float gi = ldx(g, i, bf), xi = ldx(x, i, bf), gw = gi;
-            if (c->w) gw *= ldx(c->w, i, bf);
-            if (pw) pw[i] += gi * (xi * rs);
-            stx(dx, i, rs * gw - k * xi, bf);
-        }
-    }
+    CT_KERNELS(ct_norm_tables)->rms_forward_rows(c->out, c->rstd, c->inp, c->w, r0, r1, c->C, c->eps, c->bf);
 }
 
 static void rms_bwd_rows(const norm_ctx *c, int64_t r0, int64_t r1, float *pw, float *pb)
 {
-    if (c->bf)
-        rms_bwd_rows_t(c, r0, r1, pw, pb, 1);
-    else
-        rms_bwd_rows_t(c, r0, r1, pw, pb, 0);
+    CT_KERNELS(ct_norm_tables)->rms_backward_rows(c->out, pw, c->dout, c->inp, c->w, c->srstd, r0, r1,
+                                                  c->C, c->bf);
 }
 
 static ct_status rms_forward(const char *fn, int bf, void *out, float *rstd, const void *inp,

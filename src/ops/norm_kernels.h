@@ -1,0 +1,26 @@
+/* RMSNorm row kernels (private table). Bodies: norm_scalar.c (plain loops), norm_avx2.c
+ * (AVX2 + FMA). bf selects bf16 arrays (0: f32). LayerNorm is scalar C in norm.c. */
+#ifndef CT_NORM_KERNELS_H
+#define CT_NORM_KERNELS_H
+
+#include "core/internal.h"
+
+#include <stdint.h>
+
+typedef struct ct_norm_kernels {
+    /* Rows [r0, r1) of the RMSNorm forward: out = inp * rstd (* w); rstd[r] (NULL to skip). */
+    void (*rms_forward_rows)(void *out, float *rstd, const void *inp, const void *w, int64_t r0,
+                             int64_t r1, int64_t C, float eps, int bf);
+    /* Rows [r0, r1) of the RMSNorm backward: dinp written; pw[C] (NULL to skip) += dout * xhat. */
+    void (*rms_backward_rows)(void *dinp, float *pw, const void *dout, const void *inp,
+                              const void *w, const float *rstd, int64_t r0, int64_t r1, int64_t C,
+                              int bf);
+} ct_norm_kernels;
+
+extern const ct_norm_kernels ct_norm_scalar;
+#if defined(__x86_64__)
+extern const ct_norm_kernels ct_norm_avx2;
+#endif
+extern const ct_norm_kernels *const ct_norm_tables[CT_ISA_COUNT];
+
+#endif
