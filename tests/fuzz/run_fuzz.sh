@@ -51,6 +51,10 @@ for t in "${TARGETS[@]}"; do
     fuzz_hf_*) seeds="$BUILD/fuzz-seeds/$t"; /usr/bin/python3 tests/fuzz/make_hf_corpus.py "$t" "$seeds" ;;
     fuzz_token_ids) seeds="$BUILD/fuzz-seeds/$t"; /usr/bin/python3 tests/fuzz/make_corpus_ids.py "$seeds" ;;
   esac
+  if [ "$t" = fuzz_state_dict ]; then  # state dicts of the target's tiny models: script-made
+    seeds="$BUILD/fuzz-seeds/state_dict"
+    /usr/bin/python3 tests/fuzz/make_state_dict_corpus.py "$seeds" >/dev/null
+  fi
   if [ "$t" = fuzz_fsdp_index ]; then  # sharded checkpoint indexes: script-made seeds
     seeds="$BUILD/fuzz-seeds/fsdp_index"
     /usr/bin/python3 tests/fuzz/make_fsdp_corpus.py "$seeds"
