@@ -20,6 +20,7 @@ static const struct {
     {"train", bench_train, "one training step: fused vs unfused head, flex window vs dense, vs PyTorch"},
     {"fsdp", bench_fsdp, "training at N=1 and N=2 ranks: FSDP overlap on/off, DP, vs PyTorch DDP"},
     {"hf", bench_hf, "open a multi-GiB sharded Hugging Face directory vs ct_load of its shards"},
+    {"kernels", bench_kernels, "each kernel family per instruction set vs scalar and the copy / FMA bound"},
     {"generate", bench_generate, "decode with the KV cache vs recomputing the sequence, prompt/decode tok/s"},
 };
 

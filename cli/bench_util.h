@@ -54,5 +54,6 @@ int bench_generate(bench_ctx *b, int argc, char **argv);
 int bench_tokenizer(bench_ctx *b, int argc, char **argv);
 int bench_fsdp(bench_ctx *b, int argc, char **argv);
 int bench_hf(bench_ctx *b, int argc, char **argv);
+int bench_kernels(bench_ctx *b, int argc, char **argv);
 
 #endif
