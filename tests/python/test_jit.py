@@ -234,6 +234,22 @@ def test_untraceable_mask_mod_warning_names_the_construct(fn, construct):
     assert bm is not None
 
 
+def test_scale_with_compiled_mods():
+    """scale= applies before the compiled score_mod, as in PyTorch; forward and gradients."""
+    q, k, v, do = inputs(1, 2, 1, 21, 27)
+    sm = lambda s, b, h, qi, kv: 2.0 * torch.tanh(s / 2.0) - 0.05 * (qi - kv).abs()  # noqa: E731
+    mm = lambda b, h, qi, kv: (kv <= qi + 6) & (kv % 4 != 3)  # noqa: E731
+    bm = create_block_mask(mm, None, None, 21, 27, BLOCK_SIZE=16)
+    out = flex_attention(q, k, v, score_mod=sm, block_mask=bm, scale=0.7, enable_gqa=True)
+    got = torch.autograd.grad(out, (q, k, v), do)
+    rq, rk, rv = (x.detach().double().requires_grad_() for x in (q, k, v))
+    ro = ref_attention(rq, rk, rv, sm, mm, scale=0.7)
+    rgot = torch.autograd.grad(ro, (rq, rk, rv), do.double())
+    torch.testing.assert_close(out.double(), ro, atol=1e-4, rtol=1e-4)
+    for a, r in zip(got, rgot):
+        torch.testing.assert_close(a.double(), r, atol=1e-4, rtol=1e-4)
+
+
 def test_one_kernel_serves_every_length():
     sm = lambda s, b, h, q, kv: s + 0.01 * (kv - q)  # noqa: E731
     for L in (17, 18, 33):
