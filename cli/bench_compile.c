@@ -115,6 +115,49 @@ static int make_dir(char *out, size_t n, const char *root, const char *name)
     return mkdir(out, 0700) == 0 || errno == EEXIST ? 0 : -1;
 }
 
+static int cmp_d(const void *a, const void *b);
+
+static void fill_time(double *t, int n, bench_time *out)
+{
+    qsort(t, (size_t)n, sizeof *t, cmp_d);
+    out->repeats = n;
+    out->min = t[0];
+    out->max = t[n - 1];
+    out->median = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+/* fn on x and on y alternately, one run each per repeat after a warm-up of each, so a change of
+ * load on a shared machine falls on both sides alike. */
+static ct_status time_pair(int repeats, ct_status (*fn)(void *), void *x, void *y, bench_time *tx,
+                           bench_time *ty)
+{
+    double a[64], b[64];
+    if (repeats < 1) repeats = 1;
+    if (repeats > 64) repeats = 64;
+    TRY(fn(x));
+    TRY(fn(y));
+    for (int r = 0; r < repeats; r++) {
+        double t0 = bench_now();
+        TRY(fn(x));
+        double t1 = bench_now();
+        TRY(fn(y));
+        a[r] = t1 - t0;
+        b[r] = bench_now() - t1;
+    }
+    fill_time(a, repeats, tx);
+    fill_time(b, repeats, ty);
+    return CT_OK;
+}
+
+/* {"builtin", "compiled", "compiled_over_builtin" (of the medians), "..._min" (of the minima:
+ * the least disturbed runs)} */
+static json_t *pair_json(const bench_time *b, const bench_time *c)
+{
+    return json_pack("{s:o, s:o, s:f, s:f}", "builtin", bench_time_json(b), "compiled",
+                     bench_time_json(c), "compiled_over_builtin", c->median / b->median,
+                     "compiled_over_builtin_min", c->min / b->min);
+}
+
 /* Built-in vs compiled, same mask kind and score mod: times and the largest difference. */
 static ct_status compare(bench_ctx *b, long long H, long long L, long long E,
                          const ct_score_mod *bi, const ct_mask_mod *bim, const ct_score_mod *cs,
@@ -126,22 +169,16 @@ static ct_status compare(bench_ctx *b, long long H, long long L, long long E,
     if (s == CT_OK) s = case_init(&y, H, L, E, cm);
     x.fo.score_mod = bi;
     y.fo.score_mod = cs;
-    /* built-in and compiled alternate per phase, so a change of load hits both */
-    if (s == CT_OK) s = bench_time_fn(b->repeats, fwd_only, &x, &fb);
-    if (s == CT_OK) s = bench_time_fn(b->repeats, fwd_only, &y, &fc);
-    if (s == CT_OK) s = bench_time_fn(b->repeats, bwd_only, &x, &bb);
-    if (s == CT_OK) s = bench_time_fn(b->repeats, bwd_only, &y, &bc);
-    if (s == CT_OK) s = bench_time_fn(b->repeats, fwd_bwd, &x, &tb);
-    if (s == CT_OK) s = bench_time_fn(b->repeats, fwd_bwd, &y, &tc);
+    /* built-in and compiled alternate run by run, so a change of load hits both */
+    if (s == CT_OK) s = time_pair(b->repeats, fwd_only, &x, &y, &fb, &fc);
+    if (s == CT_OK) s = time_pair(b->repeats, bwd_only, &x, &y, &bb, &bc);
+    if (s == CT_OK) s = time_pair(b->repeats, fwd_bwd, &x, &y, &tb, &tc);
     if (s == CT_OK) {
         double d = fmax(maxdiff(&x.o, &y.o), fmax(maxdiff(&x.dq, &y.dq), maxdiff(&x.dk, &y.dk)));
-        *out = json_pack("{s:o, s:o, s:f, s:f, s:{s:o, s:o, s:f}, s:{s:o, s:o, s:f}}", "builtin",
-                         bench_time_json(&tb), "compiled", bench_time_json(&tc),
-                         "compiled_over_builtin", tc.median / tb.median, "max_abs_diff", d,
-                         "forward", "builtin", bench_time_json(&fb), "compiled", bench_time_json(&fc),
-                         "compiled_over_builtin", fc.median / fb.median, "backward", "builtin",
-                         bench_time_json(&bb), "compiled", bench_time_json(&bc),
-                         "compiled_over_builtin", bc.median / bb.median);
+        *out = pair_json(&tb, &tc);
+        json_object_set_new(*out, "max_abs_diff", json_real(d));
+        json_object_set_new(*out, "forward", pair_json(&fb, &fc));
+        json_object_set_new(*out, "backward", pair_json(&bb, &bc));
     }
     case_free(&x);
     case_free(&y);
@@ -341,13 +378,13 @@ int bench_compile(bench_ctx *b, int argc, char **argv)
             for (int r = 0; r < 2; r++) {
                 json_t *x = rows[r], *f = json_object_get(x, "forward"), *w = json_object_get(x, "backward");
 #define MED(o, k) json_real_value(json_object_get(json_object_get(o, k), "median_s"))
-                printf("  %s fwd+bwd built-in %.3f s compiled %.3f s (%.3fx, max diff %.2g); fwd %.3fx; "
-                       "bwd %.3fx\n",
-                       names[r], MED(x, "builtin"), MED(x, "compiled"),
-                       json_real_value(json_object_get(x, "compiled_over_builtin")),
-                       json_real_value(json_object_get(x, "max_abs_diff")),
-                       json_real_value(json_object_get(f, "compiled_over_builtin")),
-                       json_real_value(json_object_get(w, "compiled_over_builtin")));
+#define RAT(o) json_real_value(json_object_get(o, "compiled_over_builtin")), \
+               json_real_value(json_object_get(o, "compiled_over_builtin_min"))
+                printf("  %s fwd+bwd built-in %.3f s compiled %.3f s (%.3fx, of minima %.3fx; max diff "
+                       "%.2g); fwd %.3fx (%.3fx); bwd %.3fx (%.3fx)\n",
+                       names[r], MED(x, "builtin"), MED(x, "compiled"), RAT(x),
+                       json_real_value(json_object_get(x, "max_abs_diff")), RAT(f), RAT(w));
+#undef RAT
 #undef MED
             }
             json_t *tv = json_object_get(j, "vs_torch_dense_alibi_causal");
