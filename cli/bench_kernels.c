@@ -9,6 +9,7 @@
 #include "core/convert_kernels.h"
 #include "ops/elementwise_kernels.h"
 #include "ops/norm_kernels.h"
+#include "ops/rope_kernels.h"
 #include "ops/vecmath_kernels.h"
 #include "ref/ref_kernels.h"
 
@@ -29,7 +30,7 @@ typedef struct {
     uint16_t *h;
 } kcase;
 
-enum { K_EXPSUM, K_DOT, K_GELU, K_SWIGLU, K_RMS, K_TOBF16, K_FROMBF16, K_TILE_GEMM, K_TILE_SOFTMAX, K_COUNT };
+enum { K_EXPSUM, K_DOT, K_GELU, K_SWIGLU, K_RMS, K_ROPE, K_TOBF16, K_FROMBF16, K_TILE_GEMM, K_TILE_SOFTMAX, K_COUNT };
 static const struct {
     const char *family, *kernel, *unit;
 } kinfo[K_COUNT] = {
@@ -38,6 +39,7 @@ static const struct {
     {"activations", "gelu erf forward f32 (2^20)", "GB/s"},
     {"activations", "swiglu forward f32 (2^20)", "GB/s"},
     {"norms", "rmsnorm forward rows f32 (C=4096)", "rows/s"},
+    {"rope", "rope rotation rows f32 (E=128)", "GB/s"},
     {"conversions", "f32 -> bf16 (2^24)", "GB/s"},
     {"conversions", "bf16 -> f32 (2^24)", "GB/s"},
     {"attention", "tile product 64x64x64", "GFLOP/s"},
@@ -51,6 +53,7 @@ static double work(int which) /* units of work per call */
     case K_GELU: return 8.0 * EW_N / 1e9;
     case K_SWIGLU: return 12.0 * EW_N / 1e9;
     case K_TOBF16: case K_FROMBF16: return 6.0 * CONV_N / 1e9;
+    case K_ROPE: return 8.0 * EW_N / 1e9; /* read + write the rows (the table is cache resident) */
     case K_TILE_GEMM: return 2.0 * TILE * TILE * TILE * 16 / 1e9;
     default: return TILE * 16; /* rows of S (queries) per call */
     }
@@ -81,6 +84,9 @@ static ct_status run_case(void *p)
     case K_GELU: ct_elementwise_tables[c->isa]->act_forward(0, c->o, c->x, EW_N, 0); break;
     case K_SWIGLU: ct_elementwise_tables[c->isa]->swiglu_forward(c->o, c->x, c->y, EW_N, 0); break;
     case K_RMS: ct_norm_tables[c->isa]->rms_forward_rows(c->o, c->rstd, c->x, c->w, 0, ROWS, ROW_C, 1e-5f, 0); break;
+    case K_ROPE: /* 2^20 floats = 8192 rows of E = 128, T = 256 positions of H = 32 rows each */
+        ct_rope_tables[c->isa]->rotate_rows(c->o, c->x, c->w, 0, EW_N / 128, 256, 32, 64, 1.0f);
+        break;
     case K_TOBF16: ct_convert_tables[c->isa]->f32_to_bf16(c->h, c->o, CONV_N); break;
     case K_FROMBF16: ct_convert_tables[c->isa]->bf16_to_f32(c->o, c->h, CONV_N); break;
     case K_TILE_GEMM:
@@ -228,12 +234,12 @@ int bench_kernels(bench_ctx *b, int argc, char **argv)
     }
     json_t *rows = json_array();
     float *x = malloc(sizeof(float) * CONV_N), *y = malloc(sizeof(float) * CONV_N);
-    float *o = malloc(sizeof(float) * CONV_N), *w = malloc(sizeof(float) * ROW_C), rstd[ROWS];
+    float *o = malloc(sizeof(float) * CONV_N), *w = malloc(sizeof(float) * 256 * 128), rstd[ROWS];
     uint16_t *h = malloc(2 * (size_t)CONV_N);
     bench_fill(x, CONV_N, 1, 4.0f);
     bench_fill(y, CONV_N, 2, 1.0f);
     bench_fill(o, CONV_N, 3, 100.0f);
-    bench_fill(w, ROW_C, 4, 1.0f);
+    bench_fill(w, 256 * 128, 4, 1.0f); /* RMSNorm weight (first ROW_C), RoPE table [256, 128] */
     ct_convert_tables[CT_ISA_SCALAR]->f32_to_bf16(h, o, CONV_N);
     int rc = 0;
     for (int k = 0; k < K_COUNT && !rc; k++) {

@@ -4,8 +4,10 @@
  * once per call in f32 exactly as Hugging Face's LlamaRotaryEmbedding does:
  * inv_freq = 1 / base^(f32(2i) / E), angle = f32(position) * inv_freq. The rotation of each
  * (b, t, h) row then reads the table row of t; every output depends on its own pair only,
- * so results do not depend on the thread count, and out may alias inp. */
+ * so results do not depend on the thread count, and out may alias inp. The rotation goes
+ * through the kernel tables of rope_kernels.h (scalar and AVX2 bodies give the same bits). */
 #include "core/internal.h"
+#include "ops/rope_kernels.h"
 #include "ctorch/ops.h"
 
 #include <math.h>
@@ -34,21 +36,22 @@ static void table_body(void *arg, int64_t t0, int64_t t1, int tid)
     }
 }
 
+#if defined(__x86_64__)
+#define ROPE_AVX2 &ct_rope_avx2
+#else
+#define ROPE_AVX2 &ct_rope_scalar
+#endif
+
+/* Memory bound: avx512 uses the AVX2 body; neon/sve bodies are not written yet. */
+const ct_rope_kernels *const ct_rope_tables[CT_ISA_COUNT] = {
+    [CT_ISA_SCALAR] = &ct_rope_scalar, [CT_ISA_AVX2] = ROPE_AVX2, [CT_ISA_AVX512] = ROPE_AVX2,
+    [CT_ISA_NEON] = &ct_rope_scalar,   [CT_ISA_SVE] = &ct_rope_scalar,
+};
+
 static void rotate_body(void *arg, int64_t r0, int64_t r1, int tid)
 {
     const rope_ctx *c = arg;
-    int64_t P = c->P;
-    for (int64_t r = r0; r < r1; r++) {
-        int64_t t = (r / c->H) % c->T;
-        const float *cs = c->tab + t * 2 * P, *sn = cs + P;
-        const float *x = c->inp + r * 2 * P;
-        float *y = c->out + r * 2 * P;
-        for (int64_t i = 0; i < P; i++) {
-            float x1 = x[i], x2 = x[P + i], s = c->sign * sn[i];
-            y[i] = x1 * cs[i] - x2 * s;
-            y[P + i] = x2 * cs[i] + x1 * s;
-        }
-    }
+    CT_KERNELS(ct_rope_tables)->rotate_rows(c->out, c->inp, c->tab, r0, r1, c->T, c->H, c->P, c->sign);
 }
 
 static ct_status rope(const char *fn, float *out, const char *out_name, const float *inp,

@@ -8,6 +8,7 @@
 #include "core/convert_kernels.h"
 #include "ops/elementwise_kernels.h"
 #include "ops/norm_kernels.h"
+#include "ops/rope_kernels.h"
 #include "ops/vecmath_kernels.h"
 #include "ref/ref_kernels.h"
 
@@ -156,6 +157,41 @@ static void test_rms(ct_isa isa)
     }
 }
 
+/* RoPE: against the double rotation, and bitwise equal to the scalar body (same operations). */
+static void test_rope(ct_isa isa)
+{
+    const int64_t Ps[] = {1, 7, 8, 9, 32, 33};
+    for (size_t pi = 0; pi < sizeof Ps / sizeof Ps[0]; pi++) {
+        int64_t P = Ps[pi], T = 3, H = 2, rows = 2 * T * H;
+        float *x = malloc(4 * (size_t)(rows * 2 * P)), *y = malloc(4 * (size_t)(rows * 2 * P));
+        float *z = malloc(4 * (size_t)(rows * 2 * P)), *tab = malloc(4 * (size_t)(T * 2 * P));
+        t_fill(x, (size_t)(rows * 2 * P), -2, 2);
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t i = 0; i < P; i++) {
+                double ang = (double)t * pow(10000.0, -2.0 * (double)i / (double)(2 * P));
+                tab[t * 2 * P + i] = (float)cos(ang);
+                tab[t * 2 * P + P + i] = (float)sin(ang);
+            }
+        for (int dir = 0; dir < 2; dir++) {
+            float sign = dir ? -1.0f : 1.0f;
+            ct_rope_tables[isa]->rotate_rows(y, x, tab, 0, rows, T, H, P, sign);
+            ct_rope_scalar.rotate_rows(z, x, tab, 0, rows, T, H, P, sign);
+            CHECK(!memcmp(y, z, 4 * (size_t)(rows * 2 * P)));
+            int bad = 0;
+            for (int64_t r = 0; r < rows; r++) {
+                const float *cs = tab + ((r / H) % T) * 2 * P;
+                for (int64_t i = 0; i < P; i++) {
+                    double c = cs[i], s = sign * cs[P + i], x1 = x[r * 2 * P + i], x2 = x[r * 2 * P + P + i];
+                    bad += fabs(y[r * 2 * P + i] - (x1 * c - x2 * s)) > 1e-6;
+                    bad += fabs(y[r * 2 * P + P + i] - (x2 * c + x1 * s)) > 1e-6;
+                }
+            }
+            CHECK(bad == 0);
+        }
+        free(x), free(y), free(z), free(tab);
+    }
+}
+
 /* Two tables giving the same bits on the same inputs (avx512 vs avx2 where both run). */
 static void test_same_bits(ct_isa a, ct_isa b)
 {
@@ -199,6 +235,7 @@ int main(void)
         test_convert(isa);
         test_act(isa);
         test_rms(isa);
+        test_rope(isa);
         if (isa != CT_ISA_SCALAR) simd[nsimd++] = isa;
     }
     for (int i = 1; i < nsimd; i++)

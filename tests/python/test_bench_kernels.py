@@ -31,7 +31,7 @@ def test_bench_kernels_json():
     if ran != {"scalar"}:
         assert j["bounds"]["fma_gflops_1core"] > 0
     families = {k["family"] for k in j["kernels"]}
-    assert families == {"rows", "activations", "norms", "conversions", "attention"}
+    assert families == {"rows", "activations", "norms", "rope", "conversions", "attention"}
     kernels = {k["kernel"] for k in j["kernels"]}
     for name in kernels:
         isas = [k["isa"] for k in j["kernels"] if k["kernel"] == name]
