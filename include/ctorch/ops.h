@@ -5,7 +5,7 @@
  * the top of each declaration, row-major and contiguous unless said otherwise. Backward
  * kernels ACCUMULATE (+=) into parameter gradients (dweight, dbias) and WRITE input
  * gradients unless documented otherwise. All are deterministic: the same bits for any
- * thread count. Every fast kernel has a scalar path (CT_FORCE_SCALAR=1) and a naive
+ * thread count. Every fast kernel has a scalar path (CT_FORCE_ISA=scalar) and a naive
  * reference in its test (tests/c/test_ops_*.c, test_gemm.c) that it is compared against.
  *
  * This header gathers the per-topic headers.

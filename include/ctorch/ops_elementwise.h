@@ -4,7 +4,7 @@
  * Every array is contiguous; n (or N x H) counts elements, not bytes. Sizes are int64_t and
  * must be >= 0; a pointer may be NULL only when its array is empty. Results are computed
  * element by element, so they are bitwise identical for any thread count; the AVX2 path
- * (used when ct_active_isa() == CT_ISA_AVX2) evaluates exp/erf with polynomials and agrees
+ * (used when ct_active_isa() is CT_ISA_AVX2 or CT_ISA_AVX512) evaluates exp/erf with polynomials and agrees
  * with the scalar path (libm) to a few units in the last place (relative error < 2e-6).
  *
  * bf16 variants take and return bfloat16 bit patterns (uint16_t), compute in f32 and round

@@ -8,7 +8,7 @@
 static const int64_t sizes[] = {0, 1, 2, 7, 8, 9, 15, 16, 17, 33, 1000};
 #define NSIZES ((int)(sizeof sizes / sizeof sizes[0]))
 
-static ct_isa isas[2];
+static ct_isa isas[CT_ISA_COUNT];
 static int n_isas;
 
 /* ---- double references ------------------------------------------------------------- */
@@ -328,8 +328,12 @@ static void test_bad_args(void)
 
 int main(void)
 {
-    isas[n_isas++] = CT_ISA_SCALAR;
-    if (ct_set_isa(CT_ISA_AVX2) == CT_OK) isas[n_isas++] = CT_ISA_AVX2;
+    for (int i = 0; i < CT_ISA_COUNT; i++) { /* every instruction set this CPU has */
+        if (ct_set_isa((ct_isa)i) == CT_OK)
+            isas[n_isas++] = (ct_isa)i;
+        else
+            printf("test_ops_elementwise: %s SKIPPED: %s lacks it\n", ct_isa_name((ct_isa)i), ct_cpu_name());
+    }
     test_activations();
     test_specials();
     test_scalar_vs_avx2();

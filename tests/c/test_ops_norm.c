@@ -3,7 +3,7 @@
  * bitwise determinism across thread counts (weight gradients included), bad arguments. */
 #include "test_util.h"
 
-static ct_isa isas[2];
+static ct_isa isas[CT_ISA_COUNT];
 static int n_isas;
 
 /* ---- double references ----------------------------------------------------------------- */
@@ -438,8 +438,12 @@ static void test_rope(void)
 
 int main(void)
 {
-    isas[n_isas++] = CT_ISA_SCALAR;
-    if (ct_set_isa(CT_ISA_AVX2) == CT_OK) isas[n_isas++] = CT_ISA_AVX2;
+    for (int i = 0; i < CT_ISA_COUNT; i++) { /* every instruction set this CPU has */
+        if (ct_set_isa((ct_isa)i) == CT_OK)
+            isas[n_isas++] = (ct_isa)i;
+        else
+            printf("test_ops_norm: %s SKIPPED: %s lacks it\n", ct_isa_name((ct_isa)i), ct_cpu_name());
+    }
     test_norms();
     test_norms_bf16();
     test_scalar_vs_avx2();
