@@ -26,12 +26,36 @@ static void usage(FILE *f)
     fprintf(f, "usage: ctorch <command> [options]   (ctorch <command> --help for its options)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\nlibrary messages at WARN and above go to stderr as text lines; --log-json (anywhere\n"
+               "before a `--`) makes them JSON lines {\"ts\",\"level\",\"component\",\"msg\"}\n");
     fprintf(f, "\nenvironment: CT_NUM_THREADS (threads), CT_FORCE_ISA=scalar|avx2|avx512|neon|sve (kernels;\n"
                "             the best this CPU has when unset), CT_FORCE_SCALAR=1 (= CT_FORCE_ISA=scalar)\n");
 }
 
+/* Remove every `--log-json` before the first `--` (what follows `--` belongs to another
+ * program, e.g. ctorch launch's ranks) and install the library's log sink on stderr at WARN:
+ * text lines by default, JSON lines with --log-json. Returns the new argc. */
+static int install_log_sink(int argc, char **argv)
+{
+    bool json = false;
+    int n = 1;
+    bool passthrough = false;
+    for (int i = 1; i < argc; i++) {
+        if (!passthrough && !strcmp(argv[i], "--")) passthrough = true;
+        if (!passthrough && !strcmp(argv[i], "--log-json")) {
+            json = true;
+            continue;
+        }
+        argv[n++] = argv[i];
+    }
+    argv[n] = NULL;
+    ct_log_set_sink(json ? ct_log_sink_json : ct_log_sink_text, stderr, CT_LOG_WARN);
+    return n;
+}
+
 int main(int argc, char **argv)
 {
+    argc = install_log_sink(argc, argv);
     if (argc < 2) {
         usage(stderr);
         return 2;

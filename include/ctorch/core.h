@@ -81,6 +81,11 @@ CT_API void ct_log(ct_log_level level, const char *component, const char *fmt, .
 
 /* ---- memory ------------------------------------------------------------------------- */
 
+/** Default working-memory budget of the calls that tile their work (64 MiB): the fused
+ *  loss's logit tiles (ct_ce_options.scratch_bytes) and FlexAttention's score-mod parameter
+ *  gradients (ct_flex_options.grad_scratch_bytes); a budget of 0 means this one. */
+#define CT_DEFAULT_SCRATCH_BYTES ((size_t)64 << 20)
+
 /** Allocator figures (process wide). */
 typedef struct ct_memory_stats_t {
     size_t current_bytes; /**< bytes live now */

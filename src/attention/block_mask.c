@@ -80,7 +80,7 @@ static void store_rows(void *arg, int64_t r0, int64_t r1, int tid)
 
 ct_block_mask_options ct_block_mask_options_default(void)
 {
-    return (ct_block_mask_options){128, false};
+    return (ct_block_mask_options){.block_size = 128, .store_partial = false};
 }
 
 void ct_block_mask_free(ct_block_mask *m)

@@ -580,7 +580,8 @@ static ct_status alloc_ws(plan *p)
 
 ct_flex_options ct_flex_options_default(void)
 {
-    return (ct_flex_options){0.0f, NULL, (size_t)64 << 20};
+    return (ct_flex_options){.scale = 0.0f, .score_mod = NULL,
+                             .grad_scratch_bytes = CT_DEFAULT_SCRATCH_BYTES};
 }
 
 ct_status at_forward(const char *fn, const ct_tensor *q, const ct_tensor *k, const ct_tensor *v,
@@ -634,7 +635,7 @@ ct_status at_backward(const char *fn, const ct_tensor *q, const ct_tensor *k, co
     if (s == CT_OK && want_pg && nitems > 0) {
         /* fixed groups of consecutive dQ items, each with its own partial sums */
         size_t len = (size_t)p.sm->param_len,
-               budget = o.grad_scratch_bytes ? o.grad_scratch_bytes : ((size_t)64 << 20);
+               budget = o.grad_scratch_bytes ? o.grad_scratch_bytes : CT_DEFAULT_SCRATCH_BYTES;
         int64_t ngroups = (int64_t)(budget / (len * sizeof(float)));
         if (ngroups < 1) ngroups = 1;
         if (ngroups > nitems) ngroups = nitems;

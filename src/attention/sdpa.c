@@ -77,7 +77,7 @@ static void tadd_fwd(void *ctx, const ct_attn_tile *t, float *s)
 
 ct_sdpa_options ct_sdpa_options_default(void)
 {
-    return (ct_sdpa_options){0.0f, false, NULL};
+    return (ct_sdpa_options){.scale = 0.0f, .is_causal = false, .attn_mask = NULL};
 }
 
 /* What a call needs besides q, k, v: a block mask and mods made from the options. */

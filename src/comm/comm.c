@@ -127,23 +127,22 @@ void cm_describe(const ct_work *w, char *buf, size_t cap)
 
 ct_comm_options ct_comm_options_default(void)
 {
-    ct_comm_options o;
-    memset(&o, 0, sizeof o);
-    o.backend = CT_COMM_TCP;
     const char *b = getenv("CT_COMM_BACKEND");
-    if (b && !strcmp(b, "mpi")) o.backend = CT_COMM_MPI;
-    o.name = "default";
-    o.timeout_s = cm_env_double("CT_COMM_TIMEOUT", 600.0);
-    if (!(o.timeout_s > 0)) o.timeout_s = 600.0;
+    double timeout = cm_env_double("CT_COMM_TIMEOUT", 600.0);
     long fr = cm_env_long("CT_COMM_FR_ENTRIES", 1024);
-    o.flight_recorder_entries = fr < 0 ? 0 : fr > 1000000 ? 1000000 : (int)fr;
     const char *d = getenv("CT_COMM_FR_DUMP_DIR");
-    o.dump_dir = d && *d ? d : NULL;
-    o.nan_check = cm_env_long("CT_COMM_NAN_CHECK", 0) != 0;
-    o.use_shm = cm_env_long("CT_COMM_SHM", 1) != 0;
-    o.small_bytes = 64u << 10;
-    o.slot_bytes = 256u << 10;
-    return o;
+    return (ct_comm_options){
+        .backend = b && !strcmp(b, "mpi") ? CT_COMM_MPI : CT_COMM_TCP,
+        .name = "default",
+        .timeout_s = timeout > 0 ? timeout : 600.0,
+        .flight_recorder_entries = fr < 0 ? 0 : fr > 1000000 ? 1000000 : (int)fr,
+        .dump_dir = d && *d ? d : NULL,
+        .nan_check = cm_env_long("CT_COMM_NAN_CHECK", 0) != 0,
+        .use_shm = cm_env_long("CT_COMM_SHM", 1) != 0,
+        .small_bytes = 64u << 10,
+        .slot_bytes = 256u << 10,
+        .secret = NULL,
+    };
 }
 
 static ct_status check_options(const char *fn, const ct_comm_options *o)

@@ -493,10 +493,7 @@ static void *server_main(void *arg)
 
 ct_store_options ct_store_options_default(void)
 {
-    ct_store_options o;
-    memset(&o, 0, sizeof o);
-    o.handshake_s = cm_handshake_s();
-    return o;
+    return (ct_store_options){.secret = NULL, .handshake_s = cm_handshake_s()};
 }
 
 ct_status ct_store_server_start(const char *host, int port, ct_store_server **out)

@@ -10,19 +10,19 @@
 
 ct_fsdp_options ct_fsdp_options_default(void)
 {
-    ct_fsdp_options o;
-    memset(&o, 0, sizeof o);
-    o.mode = CT_FSDP_FULL_SHARD;
-    o.reshard_after_forward = true;
-    o.root_reshard_after_forward = false;
-    o.forward_prefetch = 1;
-    o.backward_prefetch = 1;
-    o.param_dtype = CT_DTYPE_F32;
-    o.reduce_dtype = CT_DTYPE_F32;
-    o.requires_gradient_sync = true;
-    o.separate_reduce_scatter_comm = true;
-    o.overlap = true;
-    return o;
+    /* group_reshard_after_forward (not named) is NULL */
+    return (ct_fsdp_options){.mode = CT_FSDP_FULL_SHARD,
+                             .reshard_after_forward = true,
+                             .root_reshard_after_forward = false,
+                             .forward_prefetch = 1,
+                             .backward_prefetch = 1,
+                             .param_dtype = CT_DTYPE_F32,
+                             .reduce_dtype = CT_DTYPE_F32,
+                             .gradient_divide_factor = 0.0,
+                             .requires_gradient_sync = true,
+                             .separate_reduce_scatter_comm = true,
+                             .overlap = true,
+                             .timeout_s = 0.0};
 }
 
 ct_status ct_fsdp_mode_from_name(const char *name, ct_fsdp_mode *out)

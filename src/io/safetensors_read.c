@@ -480,8 +480,7 @@ ct_status ct_safetensors_validate(const void *data, size_t size, ct_st_rule *rul
 
 ct_load_options ct_load_options_default(void)
 {
-    ct_load_options o = {CT_FORMAT_UNKNOWN, false};
-    return o;
+    return (ct_load_options){.format = CT_FORMAT_UNKNOWN, .populate = false};
 }
 
 static ct_status refuse_format(const char *fn, const char *label, ct_file_format fmt,

@@ -18,8 +18,7 @@
 
 ct_save_options ct_save_options_default(void)
 {
-    ct_save_options o = {true, true};
-    return o;
+    return (ct_save_options){.sync = true, .anonymous_temp = true};
 }
 
 /* What one entry will write. */

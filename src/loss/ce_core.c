@@ -6,12 +6,13 @@
 
 ct_ce_options ct_ce_options_default(void)
 {
-    ct_ce_options o;
-    memset(&o, 0, sizeof o);
-    o.ignore_index = -100;
-    o.reduction = CT_REDUCTION_MEAN;
-    o.scratch_bytes = (size_t)64 << 20;
-    return o;
+    return (ct_ce_options){.ignore_index = -100,
+                           .reduction = CT_REDUCTION_MEAN,
+                           .label_smoothing = 0.0f,
+                           .class_weight = NULL,
+                           .z_loss = 0.0f,
+                           .softcap = 0.0f,
+                           .scratch_bytes = CT_DEFAULT_SCRATCH_BYTES};
 }
 
 int64_t ce_target(const ce_plan *p, int64_t n)

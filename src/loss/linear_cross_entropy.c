@@ -115,7 +115,7 @@ static ct_status lce_setup(lce *c, const char *fn, const ct_lce_inputs *in, cons
     c->bf16 = in->dtype == CT_DTYPE_BF16;
     int64_t N = in->N, D = in->D, V = in->V;
     if (N == 0) return CT_OK;
-    size_t budget = o->scratch_bytes ? o->scratch_bytes : ((size_t)64 << 20);
+    size_t budget = o->scratch_bytes ? o->scratch_bytes : CT_DEFAULT_SCRATCH_BYTES;
     lce_tiling t;
     bool ok = false;
     /* First reserve the dh GEMM's partial sums per row; small budgets (small tiles, where

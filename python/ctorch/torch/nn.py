@@ -267,3 +267,93 @@ def rope(x, positions=None, base=10000.0):
             raise ValueError(f"rope: positions must be an integer tensor of shape [{T}]")
         positions = as_c(positions, torch.int32)
     return _RoPE.apply(x, positions, float(base))
+
+
+# ---- softmax family ------------------------------------------------------------------------
+# Rows of the last dim go to ct_softmax_forward / ct_log_softmax_forward / ct_logsumexp_rows
+# (f32; other floating dtypes are computed in float32 and cast back); another `dim` is moved
+# last first.
+
+_sig("ct_softmax_forward", _VP, _VP, _I64, _I64)
+_sig("ct_softmax_backward", _VP, _VP, _VP, _I64, _I64)
+_sig("ct_log_softmax_forward", _VP, _VP, _I64, _I64)
+_sig("ct_log_softmax_backward", _VP, _VP, _VP, _I64, _I64)
+_sig("ct_logsumexp_rows", _VP, _VP, _I64, _I64)
+
+
+def _rows(x):
+    C = x.shape[-1] if x.dim() else 1
+    return (x.numel() // C if C else 0), C
+
+
+class _Softmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, log):
+        xc = as_c(x, torch.float32)
+        N, C = _rows(xc)
+        out = torch.empty_like(xc)
+        check((lib.ct_log_softmax_forward if log else lib.ct_softmax_forward)(ptr(out), ptr(xc), N, C))
+        ctx.log, ctx.in_dtype, ctx.NC = log, x.dtype, (N, C)
+        ctx.save_for_backward(out)
+        return out.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (out,) = ctx.saved_tensors
+        N, C = ctx.NC
+        g = as_c(grad, torch.float32)
+        d = torch.empty_like(g)
+        check((lib.ct_log_softmax_backward if ctx.log else lib.ct_softmax_backward)(ptr(d), ptr(g), ptr(out), N, C))
+        return d.to(ctx.in_dtype), None
+
+
+class _LogSumExp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        xc = as_c(x, torch.float32)
+        N, C = _rows(xc)
+        lse = torch.empty(xc.shape[:-1], dtype=torch.float32)
+        check(lib.ct_logsumexp_rows(ptr(lse), ptr(xc), N, C))
+        ctx.in_dtype, ctx.NC = x.dtype, (N, C)
+        ctx.save_for_backward(xc)
+        return lse.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (xc,) = ctx.saved_tensors
+        N, C = ctx.NC
+        p = torch.empty_like(xc)  # d lse / d x = softmax(x)
+        check(lib.ct_softmax_forward(ptr(p), ptr(xc), N, C))
+        return (p * as_c(grad, torch.float32).unsqueeze(-1)).to(ctx.in_dtype)
+
+
+def _along(fn, name, x, dim, keepdim=False):
+    C.floating(name, "input", x)
+    nd = max(x.dim(), 1)
+    if not isinstance(dim, int) or not -nd <= dim < nd:
+        C.fail(IndexError, name, f"Dimension out of range (expected to be in range of [{-nd}, {nd - 1}], "
+                                 f"but got {dim})")
+    if x.dim() == 0:
+        return fn(x.reshape(1)).reshape(())
+    dim %= x.dim()
+    last = dim == x.dim() - 1
+    xm = x if last else x.movedim(dim, -1)
+    y = fn(xm)
+    if name == "logsumexp":
+        return y.unsqueeze(dim) if keepdim else y
+    return y if last else y.movedim(-1, dim)
+
+
+def softmax(x, dim):
+    """torch.softmax(x, dim) (f32 maths)."""
+    return _along(lambda t: _Softmax.apply(t, False), "softmax", x, dim)
+
+
+def log_softmax(x, dim):
+    """torch.log_softmax(x, dim) (f32 maths)."""
+    return _along(lambda t: _Softmax.apply(t, True), "log_softmax", x, dim)
+
+
+def logsumexp(x, dim, keepdim=False):
+    """torch.logsumexp(x, dim, keepdim) over one dim (f32 maths)."""
+    return _along(_LogSumExp.apply, "logsumexp", x, dim, keepdim)
