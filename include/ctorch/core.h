@@ -109,6 +109,17 @@ CT_API void ct_memory_reset_peak(void);
 /** Cap the live bytes (0 = no cap); allocations that would pass it fail with CT_ENOMEM. */
 CT_API void ct_memory_set_limit(size_t bytes);
 
+/* ---- layouts of the public structs (for bindings) ----------------------------------- */
+
+/** Layout of public struct `name` ("ct_tensor", "ct_ce_options", ...) as this library was
+ *  compiled: *size is its sizeof, *nfields the number of fields listed (those a binding
+ *  mirrors; see ct_abi_struct_field). The Python package checks its ctypes mirrors with it at
+ *  import. CT_EINVAL names a struct whose layout is not exported. */
+CT_API ct_status ct_abi_struct_layout(const char *name, size_t *size, int *nfields);
+/** Field i (0 .. nfields - 1) of struct `name`: its name (static), offsetof and sizeof. */
+CT_API ct_status ct_abi_struct_field(const char *name, int i, const char **field, size_t *offset,
+                                     size_t *size);
+
 /* ---- threads ------------------------------------------------------------------------ */
 
 /** Body of a parallel loop: handles indices [begin, end) as worker `tid`. */

@@ -146,3 +146,9 @@ def generate(model, input_ids, max_new_tokens, do_sample=False, temperature=1.0,
     check(lib.ct_gpt_generate(model._m, _vp(prompt.data_ptr()), B, T, ctypes.byref(o),
                               _vp(out.data_ptr()), ctypes.byref(n), None))
     return out[:, :T + n.value].to(torch.int64)
+
+
+# The ctypes mirrors above match the C structs of the loaded library (or this import fails).
+from ._lib import check_layouts as _check_layouts  # noqa: E402
+
+_check_layouts({_SampleOptions: "ct_sample_options", _GenerateOptions: "ct_generate_options", _GenerateStats: "ct_generate_stats"})

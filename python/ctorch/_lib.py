@@ -49,6 +49,59 @@ class MemoryStats(ctypes.Structure):
                 ("limit_bytes", ctypes.c_size_t)]
 
 
+# ---- ctypes mirrors of C structs, checked against the library's layouts ---------------------
+
+lib.ct_abi_struct_layout.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t),
+                                     ctypes.POINTER(ctypes.c_int)]
+lib.ct_abi_struct_field.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p),
+                                    ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+
+#: every mirror checked so far: {ctypes class: C struct name}
+checked_mirrors = {}
+
+
+class LayoutError(ImportError):
+    """A ctypes mirror does not match the C struct this libctorch was compiled with."""
+
+
+def _c_layout(cname):
+    size, n = ctypes.c_size_t(), ctypes.c_int()
+    if lib.ct_abi_struct_layout(cname.encode(), ctypes.byref(size), ctypes.byref(n)) != 0:
+        raise LayoutError(lib.ct_last_error().decode(errors="replace"))
+    fields = {}
+    for i in range(n.value):
+        name, off, sz = ctypes.c_char_p(), ctypes.c_size_t(), ctypes.c_size_t()
+        if lib.ct_abi_struct_field(cname.encode(), i, ctypes.byref(name), ctypes.byref(off),
+                                   ctypes.byref(sz)) != 0:
+            raise LayoutError(lib.ct_last_error().decode(errors="replace"))
+        fields[name.value.decode()] = (off.value, sz.value)
+    return size.value, fields
+
+
+def check_layouts(mirrors):
+    """Check ctypes mirrors {class: "ct_struct_name"} against the library: the same sizeof,
+    and every mirrored field at the C field's offset with its size. A mismatch raises
+    LayoutError naming the struct and the field (run at import by each module)."""
+    for cls, cname in mirrors.items():
+        size, fields = _c_layout(cname)
+        where = f"{cls.__module__}.{cls.__qualname__} mirrors {cname}"
+        for name, _ in cls._fields_:
+            if name not in fields:
+                raise LayoutError(f"{where}: field '{name}' is not a field of {cname} in this libctorch")
+            d = getattr(cls, name)
+            off, sz = fields[name]
+            if (d.offset, d.size) != (off, sz):
+                raise LayoutError(f"{where}: field '{name}' is at offset {d.offset} size {d.size} in "
+                                  f"Python but offset {off} size {sz} in C (python/ctorch is out of "
+                                  f"date with the headers)")
+        missing = sorted(set(fields) - {n for n, _ in cls._fields_})
+        if missing:
+            raise LayoutError(f"{where}: fields {missing} of {cname} are not mirrored")
+        if ctypes.sizeof(cls) != size:
+            raise LayoutError(f"{where}: sizeof is {ctypes.sizeof(cls)} in Python but {size} in C")
+        checked_mirrors[cls] = cname
+
+
 lib.ct_memory_stats.argtypes = [ctypes.POINTER(MemoryStats)]
 lib.ct_memory_stats.restype = None
 lib.ct_memory_reset_peak.restype = None
@@ -107,3 +160,6 @@ def as_c(t, dtype=None):
     if dtype is not None and t.dtype != dtype:
         t = t.to(dtype)
     return t.contiguous()
+
+
+check_layouts({MemoryStats: "ct_memory_stats_t"})

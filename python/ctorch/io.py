@@ -418,3 +418,9 @@ def save(path, tensors, metadata=None, sync=True, anonymous_temp=True):
     check(lib.ct_save_safetensors_entries(_path(path), entries, len(tensors), mk, mv, len(metadata),
                                           ctypes.byref(o)))
     del keep
+
+
+# The ctypes mirrors above match the C structs of the loaded library (or this import fails).
+from ._lib import check_layouts as _check_layouts  # noqa: E402
+
+_check_layouts({_Tensor: "ct_tensor", _Info: "ct_tensor_info", _StorageInfo: "ct_storage_info", _Summary: "ct_tensor_file_summary", _LoadOptions: "ct_load_options", _SaveOptions: "ct_save_options", _SaveEntry: "ct_save_entry"})

@@ -459,3 +459,9 @@ def load(path, mmap=True, config=None):
     if os.path.isfile(path):
         return _load_file(path, config)
     raise ValueError(f"ctorch.models.load: {path} is neither a directory nor a file")
+
+
+# The ctypes mirrors above match the C structs of the loaded library (or this import fails).
+from ._lib import check_layouts as _check_layouts  # noqa: E402
+
+_check_layouts({_Config: "ct_gpt_config", _Options: "ct_gpt_options", _Tensor: "ct_tensor", _HfInfo: "ct_hf_info", _HfSaveOptions: "ct_hf_save_options", _LoraOptions: "ct_lora_options"})

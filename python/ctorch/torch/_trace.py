@@ -520,3 +520,9 @@ def stats():
     s = _Stats()
     lib.ct_jit_get_stats(ctypes.byref(s))
     return {n: getattr(s, n) for n, _ in _Stats._fields_}
+
+
+# The ctypes mirrors above match the C structs of the loaded library (or this import fails).
+from .._lib import check_layouts as _check_layouts  # noqa: E402
+
+_check_layouts({_Binding: "ct_jit_binding", _Stats: "ct_jit_stats"})

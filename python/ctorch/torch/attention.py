@@ -636,3 +636,9 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     out, lse = _FlexAttention.apply(q, k, v, param, block_mask, score_mod, s)
     out = out.to(dt)
     return (out, lse) if return_lse else out
+
+
+# The ctypes mirrors above match the C structs of the loaded library (or this import fails).
+from .._lib import check_layouts as _check_layouts  # noqa: E402
+
+_check_layouts({_Tile: "ct_attn_tile", _MaskMod: "ct_mask_mod", _ScoreMod: "ct_score_mod", _BlockMask: "ct_block_mask", _BlockMaskOptions: "ct_block_mask_options", _FlexOptions: "ct_flex_options", _Tensor: "ct_tensor"})

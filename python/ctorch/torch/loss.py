@@ -267,3 +267,9 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
         return _empty_loss(rows, reduction, shape)
     loss = _CrossEntropy.apply(rows, tc, weight, reduction, ignore_index, label_smoothing, z_loss, softcap)
     return loss.reshape(shape) if reduction == "none" else loss
+
+
+# The ctypes mirrors above match the C structs of the loaded library (or this import fails).
+from .._lib import check_layouts as _check_layouts  # noqa: E402
+
+_check_layouts({CeOptions: "ct_ce_options", CeOutputs: "ct_ce_outputs", LceInputs: "ct_lce_inputs", LceGrads: "ct_lce_grads"})
