@@ -262,9 +262,44 @@ typedef struct cm_mpi_from {
     int n;
 } cm_mpi_from;
 
+/* ---- backends ------------------------------------------------------------------------------
+ * A backend is a private table of operations, chosen once when a communicator is created
+ * (cm_backend_for) and kept in c->be: the lifecycle (comm.c), the executor (work.c),
+ * recovery and the flight recorder call through it and never test which backend runs. */
+typedef struct cm_backend_ops {
+    ct_comm_backend id;
+    const char *name; /* "tcp", "mpi": prefixes of store keys and events */
+    /* The ranks come from the store (tcp: the caller's rank / size) or find each other
+     * themselves (mpi: from MPI_COMM_WORLD, or the subgroup `from` of a split). */
+    bool needs_store;
+    bool can_shrink; /* ct_comm_shrink works (survivors re-form a communicator) */
+    /* Connect: rank / size are the caller's (-1 / -1 from the environment for mpi). Sets
+     * c->rank, c->size, c->local_rank where the backend learns them. */
+    ct_status (*init)(ct_comm *c, int rank, int size, double deadline, const cm_mpi_from *from);
+    /* Run one collective (the executor ends it) or a batch of p2p operations starting at
+     * `first` (the backend ends each); fill w->msg / w->missing on failure. */
+    ct_status (*run)(ct_comm *c, ct_work *w);
+    ct_status (*run_p2p)(ct_comm *c, ct_work *first);
+    /* Wake our own executor out of a blocking wait (abort); NULL: nothing to wake. */
+    void (*wake)(ct_comm *c);
+    /* Release what init made (also after a failed init). */
+    void (*teardown)(ct_comm *c);
+    /* A peer's progress as shared control blocks tell it (0: unknown); NULL: never known. */
+    int (*peer_progress)(ct_comm *c, int peer, uint64_t *issued, uint64_t *started,
+                         uint64_t *completed, int *state);
+} cm_backend_ops;
+
+extern const cm_backend_ops cm_tcp_backend; /* tcp.c */
+#ifdef CT_HAVE_MPI
+extern const cm_backend_ops cm_mpi_backend; /* mpi.c */
+#endif
+/* The table of a backend built into this library; NULL for another value. */
+const cm_backend_ops *cm_backend_for(ct_comm_backend b);
+
 struct ct_comm {
     int rank, size, local_rank;
     ct_comm_backend backend;
+    const cm_backend_ops *be; /* the backend's table, chosen at creation */
     ct_comm_options opt;
     char name[96];
     char dump_dir[512];
@@ -322,7 +357,7 @@ void cm_tcp_wake_self(ct_comm *c);
 int cm_tcp_peer_progress(ct_comm *c, int peer, uint64_t *issued, uint64_t *started,
                          uint64_t *completed, int *state);
 
-/* MPI backend (mpi.c; stubs without MPI). */
+/* MPI backend (mpi.c, with CT_HAVE_MPI; its table is cm_mpi_backend). */
 ct_status cm_mpi_init(ct_comm *c, int want_rank, int want_size, const cm_mpi_from *from);
 ct_status cm_mpi_run(ct_comm *c, ct_work *w);
 ct_status cm_mpi_run_p2p(ct_comm *c, ct_work *first);
@@ -342,6 +377,29 @@ void cm_comm_fail(ct_comm *c, ct_work *w, ct_status st, int tell_peers);
 int cm_absorb_p2p(ct_comm *c, ct_work **ws, int have, int cap);
 /* "all_reduce seq 5 (1024 x f32)": for messages. */
 void cm_describe(const ct_work *w, char *buf, size_t cap);
+
+/* The queue and its executor (work.c), shared with comm.c and collectives.c. */
+static inline int cm_is_p2p(cm_opkind k)
+{
+    return k == CM_OP_SEND || k == CM_OP_RECV;
+}
+static inline int cm_work_terminal(int state)
+{
+    return state >= CT_WORK_COMPLETED;
+}
+/* Drop one reference of a work (the caller's or the queue's). */
+void cm_work_release(ct_work *w);
+/* With c->mu held: end w with status st (state derived from it), unlink it, wake waiters. */
+void cm_work_end_locked(ct_comm *c, ct_work *w, ct_status st);
+/* With c->mu held: end every queued work that has not started. */
+void cm_cancel_queued_locked(ct_comm *c);
+/* Run queued works in order until `target` has ended (or the queue is empty for NULL).
+ * Called and returns with c->mu held and c->executing set by the caller. */
+void cm_exec_loop(ct_comm *c, ct_work *target);
+/* The progress thread's body (arg: the ct_comm). */
+void *cm_bg_main(void *arg);
+/* With c->mu held, after a waiting thread stops executing: hand the rest to the thread. */
+void cm_release_executor(ct_comm *c);
 
 /* Shared construction used by init, split and shrink. */
 ct_status cm_comm_create(ct_store *store, int rank, int size, const ct_comm_options *opt,

@@ -108,13 +108,13 @@ ct_status ct_comm_flight_recorder_json(ct_comm *c, const char *reason, char **js
     json_object_set_new(root, "failed", json_boolean(atomic_load(&c->failed)));
     json_object_set_new(root, "failure", json_string(atomic_load(&c->failed) ? c->fail_msg : ""));
     json_t *peers = json_array();
-    for (int p = 0; p < c->size && c->backend == CT_COMM_TCP; p++) {
+    for (int p = 0; p < c->size && c->be->peer_progress; p++) {
         if (p == c->rank) continue;
         uint64_t is, st, co;
         int state;
         json_t *o = json_object();
         json_object_set_new(o, "rank", json_integer(p));
-        if (cm_tcp_peer_progress(c, p, &is, &st, &co, &state)) {
+        if (c->be->peer_progress(c, p, &is, &st, &co, &state)) {
             json_object_set_new(o, "last_enqueued_seq", json_integer((json_int_t)is));
             json_object_set_new(o, "last_started_seq", json_integer((json_int_t)st));
             json_object_set_new(o, "last_completed_seq", json_integer((json_int_t)co));

@@ -419,33 +419,32 @@ void cm_mpi_free(ct_comm *c)
     c->mpi = NULL;
 }
 
-#else /* no MPI */
-
-ct_status cm_mpi_init(ct_comm *c, int want_rank, int want_size, const cm_mpi_from *from)
+/* The MPI communicator and the shared control block it was given at creation. */
+static void mpi_teardown(ct_comm *c)
 {
-    (void)c;
-    (void)want_rank;
-    (void)want_size;
-    (void)from;
-    return ct_error(CT_EUNSUPPORTED, "comm: this libctorch was built without MPI");
+    cm_mpi_free(c);
+    ct_free(c->ctrl);
+    c->ctrl = NULL;
 }
 
-ct_status cm_mpi_run(ct_comm *c, ct_work *w)
+static ct_status mpi_init(ct_comm *c, int rank, int size, double deadline,
+                          const cm_mpi_from *from)
 {
-    (void)c;
-    return cm_work_fail(w, CT_WORK_ERROR, CT_EUNSUPPORTED, "comm: built without MPI");
+    (void)deadline; /* MPI's own set-up has no deadline */
+    return cm_mpi_init(c, rank, size, from);
 }
 
-ct_status cm_mpi_run_p2p(ct_comm *c, ct_work *first)
-{
-    cm_work_fail(first, CT_WORK_ERROR, CT_EUNSUPPORTED, "comm: built without MPI");
-    cm_work_end(c, first, CT_EUNSUPPORTED);
-    return CT_EUNSUPPORTED;
-}
+const cm_backend_ops cm_mpi_backend = {
+    .id = CT_COMM_MPI,
+    .name = "mpi",
+    .needs_store = false,
+    .can_shrink = false, /* MPI has no portable recovery */
+    .init = mpi_init,
+    .run = cm_mpi_run,
+    .run_p2p = cm_mpi_run_p2p,
+    .wake = NULL, /* the executor polls MPI_Test and the abort flag */
+    .teardown = mpi_teardown,
+    .peer_progress = NULL,
+};
 
-void cm_mpi_free(ct_comm *c)
-{
-    (void)c;
-}
-
-#endif
+#endif /* CT_HAVE_MPI */

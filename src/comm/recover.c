@@ -49,7 +49,7 @@ ct_status ct_comm_split(ct_comm *c, const int *ranks, int nranks, const char *na
     cm_mpi_from from = {c, ranks, nranks};
     ct_comm *child;
     CT_TRY(cm_comm_create(c->store, me, nranks, &c->opt, nm, prefix, cm_now() + c->opt.timeout_s,
-                          c->backend == CT_COMM_MPI ? &from : NULL, &child));
+                          &from, &child)); /* the subgroup, for backends that need it */
     cm_store_share(c, child);
     cm_log_event(child, CT_LOG_INFO, "split", "\"parent\":\"%s\",\"parent_rank\":%d", c->name,
                  c->rank);
@@ -68,7 +68,7 @@ ct_status ct_comm_shrink(ct_comm *c, double timeout_s, ct_comm **out)
     const char *fn = "ct_comm_shrink";
     if (!c || !out) return ct_error(CT_EINVAL, "%s: comm and out must not be NULL", fn);
     *out = NULL;
-    if (c->backend != CT_COMM_TCP)
+    if (!c->be->can_shrink)
         return ct_error(CT_EUNSUPPORTED,
                         "%s: the %s backend cannot shrink (MPI has no portable recovery); "
                         "use the tcp backend for fault tolerance",
