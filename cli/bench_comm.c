@@ -205,6 +205,20 @@ static json_t *spawn_ranks(char *const *argv, int nranks, int port, char **why)
     if (pipe(fd)) return NULL;
     pid_t pids[2] = {0, 0};
     for (int r = 0; r < nranks; r++) {
+        /* The rank's variables are set here, not in the child: the store server's thread
+         * runs at fork, and the child may call only async-signal-safe functions before exec. */
+        if (port > 0) {
+            char b[32];
+            snprintf(b, sizeof b, "%d", r);
+            setenv("RANK", b, 1);
+            setenv("LOCAL_RANK", b, 1);
+            snprintf(b, sizeof b, "%d", nranks);
+            setenv("WORLD_SIZE", b, 1);
+            setenv("MASTER_ADDR", "127.0.0.1", 1);
+            snprintf(b, sizeof b, "%d", port);
+            setenv("MASTER_PORT", b, 1);
+            setenv("CT_STORE_HOSTED", "1", 1);
+        }
         fflush(stdout);
         pid_t pid = fork();
         if (pid == 0) {
@@ -216,22 +230,16 @@ static json_t *spawn_ranks(char *const *argv, int nranks, int port, char **why)
             }
             close(fd[0]);
             close(fd[1]);
-            if (port > 0) {
-                char b[32];
-                snprintf(b, sizeof b, "%d", r);
-                setenv("RANK", b, 1);
-                setenv("LOCAL_RANK", b, 1);
-                snprintf(b, sizeof b, "%d", nranks);
-                setenv("WORLD_SIZE", b, 1);
-                setenv("MASTER_ADDR", "127.0.0.1", 1);
-                snprintf(b, sizeof b, "%d", port);
-                setenv("MASTER_PORT", b, 1);
-                setenv("CT_STORE_HOSTED", "1", 1);
-            }
             execvp(argv[0], argv);
             _exit(127);
         }
         pids[r] = pid;
+    }
+    if (port > 0) {
+        static const char *const vars[] = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                           "MASTER_PORT", "CT_STORE_HOSTED"};
+        for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+            unsetenv(vars[i]);
     }
     close(fd[1]);
     size_t cap = 1 << 16, len = 0;

@@ -7,6 +7,7 @@
 #include "bench_util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,10 +53,10 @@ static int run_quiet(char *const argv[])
     pid_t pid = fork();
     if (pid < 0) return -1;
     if (pid == 0) {
-        FILE *n = fopen("/dev/null", "w");
-        if (n) {
-            dup2(fileno(n), 1);
-            dup2(fileno(n), 2);
+        int n = open("/dev/null", O_WRONLY); /* async-signal-safe until exec */
+        if (n >= 0) {
+            dup2(n, 1);
+            dup2(n, 2);
         }
         execv(argv[0], argv);
         _exit(127);

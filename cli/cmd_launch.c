@@ -324,6 +324,108 @@ int cmd_launch(int argc, char **argv)
     return cli_launch_run(&o, argv + i);
 }
 
+extern char **environ;
+
+/* The program's path as execvp would find it, resolved before fork (the child may call only
+ * async-signal-safe functions: the store thread may hold the allocator's lock at fork). */
+static char *resolve_program(const char *name)
+{
+    if (strchr(name, '/')) return strdup(name);
+    const char *path = getenv("PATH");
+    if (!path || !*path) path = "/usr/local/bin:/usr/bin:/bin";
+    size_t nl = strlen(name);
+    for (const char *p = path;; p++) {
+        const char *e = strchr(p, ':');
+        size_t dl = e ? (size_t)(e - p) : strlen(p);
+        char *cand = malloc(dl + nl + 3);
+        if (!cand) return NULL;
+        if (dl) {
+            memcpy(cand, p, dl);
+            cand[dl] = '/';
+            memcpy(cand + dl + 1, name, nl + 1);
+        } else {
+            cand[0] = '.';
+            cand[1] = '/';
+            memcpy(cand + 2, name, nl + 1);
+        }
+        if (access(cand, X_OK) == 0) return cand;
+        free(cand);
+        if (!e) break;
+        p = e;
+    }
+    return strdup(name); /* execve reports ENOENT */
+}
+
+/* The variables the launcher sets for a rank; any inherited value of them is replaced. */
+static const char *const RANK_VARS[] = {"RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE",
+                                        "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                                        "CT_STORE_HOSTED", "CT_COMM_TIMEOUT",
+                                        "CT_COMM_FR_DUMP_DIR"};
+#define N_RANK_VARS (sizeof RANK_VARS / sizeof RANK_VARS[0])
+
+static int is_rank_var(const char *kv)
+{
+    for (size_t i = 0; i < N_RANK_VARS; i++) {
+        size_t n = strlen(RANK_VARS[i]);
+        if (!strncmp(kv, RANK_VARS[i], n) && kv[n] == '=') return 1;
+    }
+    return 0;
+}
+
+static void free_env(char **env)
+{
+    if (!env) return;
+    for (char **e = env; *e; e++)
+        free(*e);
+    free(env);
+}
+
+/* Rank r's whole environment, built in the parent: this process's environment without the
+ * rank variables, then the rank variables for r. NULL when out of memory. */
+static char **rank_env(int r, long long nproc, const char *addr, int sport, double timeout,
+                       const char *frdir)
+{
+    size_t n = 0;
+    for (char **e = environ; e && *e; e++)
+        n++;
+    char **env = calloc(n + N_RANK_VARS + 1, sizeof *env);
+    if (!env) return NULL;
+    size_t k = 0;
+    int bad = 0;
+    for (char **e = environ; e && *e && !bad; e++)
+        if (!is_rank_var(*e)) bad = !(env[k++] = strdup(*e));
+    char v[N_RANK_VARS][64];
+    const char *val[N_RANK_VARS] = {0};
+    snprintf(v[0], sizeof v[0], "%d", r);
+    val[0] = val[1] = v[0];
+    val[2] = "0";
+    snprintf(v[3], sizeof v[3], "%lld", nproc);
+    val[3] = val[4] = v[3];
+    val[5] = addr;
+    snprintf(v[6], sizeof v[6], "%d", sport);
+    val[6] = v[6];
+    val[7] = "1";
+    if (timeout > 0) {
+        snprintf(v[8], sizeof v[8], "%g", timeout);
+        val[8] = v[8];
+    }
+    val[9] = frdir;
+    for (size_t i = 0; i < N_RANK_VARS && !bad; i++) {
+        if (!val[i]) continue;
+        size_t len = strlen(RANK_VARS[i]) + strlen(val[i]) + 2;
+        if (!(env[k] = malloc(len))) {
+            bad = 1;
+            break;
+        }
+        snprintf(env[k++], len, "%s=%s", RANK_VARS[i], val[i]);
+    }
+    if (bad) {
+        free_env(env);
+        return NULL;
+    }
+    return env;
+}
+
 int cli_launch_run(const cli_launch_opts *o, char *const *prog)
 {
     long long nproc = o->nproc;
@@ -358,7 +460,12 @@ int cli_launch_run(const cli_launch_opts *o, char *const *prog)
     signal(SIGPIPE, SIG_IGN);
 
     rank_proc *rp = calloc((size_t)nproc, sizeof *rp);
-    if (!rp) return cli_fail("launch", CT_ENOMEM);
+    char *exe = resolve_program(prog[0]);
+    if (!rp || !exe) {
+        free(rp);
+        free(exe);
+        return cli_fail("launch", CT_ENOMEM);
+    }
     double t0 = now_s();
     char fields[512];
     snprintf(fields, sizeof fields,
@@ -374,9 +481,20 @@ int cli_launch_run(const cli_launch_opts *o, char *const *prog)
             fatal = 1;
             break;
         }
+        char **env = rank_env(r, nproc, addr, sport, timeout, frdir);
+        if (!env) {
+            fprintf(stderr, "ctorch launch: out of memory for rank %d's environment\n", r);
+            close(po[0]);
+            close(po[1]);
+            close(pe[0]);
+            close(pe[1]);
+            fatal = 1;
+            break;
+        }
         fflush(stdout);
         fflush(stderr);
         pid_t pid = fork();
+        if (pid != 0) free_env(env);
         if (pid < 0) {
             fprintf(stderr, "ctorch launch: fork: %s\n", strerror(errno));
             close(po[0]);
@@ -387,6 +505,7 @@ int cli_launch_run(const cli_launch_opts *o, char *const *prog)
             break;
         }
         if (pid == 0) {
+            /* async-signal-safe calls only until execve (see resolve_program) */
             setpgid(0, 0);
             prctl(PR_SET_PDEATHSIG, SIGKILL);
             signal(SIGINT, SIG_DFL);
@@ -394,25 +513,16 @@ int cli_launch_run(const cli_launch_opts *o, char *const *prog)
             signal(SIGPIPE, SIG_DFL);
             dup2(po[1], 1);
             dup2(pe[1], 2);
-            char b[64];
-            snprintf(b, sizeof b, "%d", r);
-            setenv("RANK", b, 1);
-            setenv("LOCAL_RANK", b, 1);
-            setenv("GROUP_RANK", "0", 1);
-            snprintf(b, sizeof b, "%lld", nproc);
-            setenv("WORLD_SIZE", b, 1);
-            setenv("LOCAL_WORLD_SIZE", b, 1);
-            setenv("MASTER_ADDR", addr, 1);
-            snprintf(b, sizeof b, "%d", sport);
-            setenv("MASTER_PORT", b, 1);
-            setenv("CT_STORE_HOSTED", "1", 1);
-            if (timeout > 0) {
-                snprintf(b, sizeof b, "%g", timeout);
-                setenv("CT_COMM_TIMEOUT", b, 1);
-            }
-            if (frdir) setenv("CT_COMM_FR_DUMP_DIR", frdir, 1);
-            execvp(prog[0], prog);
-            fprintf(stderr, "ctorch launch: cannot run %s: %s\n", prog[0], strerror(errno));
+            execve(exe, prog, env);
+            int err = errno;
+            static const char m1[] = "ctorch launch: cannot run ";
+            (void)!write(2, m1, sizeof m1 - 1);
+            (void)!write(2, prog[0], strlen(prog[0]));
+            (void)!write(2, ": ", 2);
+            const char *es = err == ENOENT ? "no such file" : err == EACCES ? "permission denied"
+                                                                          : "exec failed";
+            (void)!write(2, es, strlen(es));
+            (void)!write(2, "\n", 1);
             _exit(127);
         }
         setpgid(pid, pid); /* as the child does: no window where a signal misses its group */
@@ -578,6 +688,7 @@ int cli_launch_run(const cli_launch_opts *o, char *const *prog)
     else
         event("end", fields, "%d of %lld ranks succeeded in %.2f s", ok_ranks, nproc, now_s() - t0);
     free(rp);
+    free(exe);
     ct_store_server_free(srv);
     if (secret[0]) { /* ours: not for whatever this process runs next */
         unsetenv("CT_JOB_SECRET");

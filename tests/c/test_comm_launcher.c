@@ -49,7 +49,10 @@ static int worker_shm(void)
     }
     void *v = NULL;
     size_t len = 0;
-    if (ct_store_get(st, "ctc/default/1/addr/0", 20, &v, &len)) return 1;
+    if (ct_store_get(st, "ctc/default/1/addr/0", 20, &v, &len)) {
+        ct_store_free(st);
+        return 1;
+    }
     char rec[600];
     snprintf(rec, sizeof rec, "%s", (char *)v);
     ct_free(v);
@@ -61,11 +64,17 @@ static int worker_shm(void)
         if (q) *q++ = 0;
         f[n++] = p;
     }
-    if (n != 5) return 1;
+    if (n != 5) {
+        ct_store_free(st);
+        return 1;
+    }
     int victim = atoi(f[2]);
     char mine[700];
     snprintf(mine, sizeof mine, "%s|%s|%d|%s|%s", f[0], f[1], (int)getpid(), f[3], f[4]);
-    if (ct_store_set(st, "ctc/default/1/addr/1", mine, strlen(mine))) return 1;
+    if (ct_store_set(st, "ctc/default/1/addr/1", mine, strlen(mine))) {
+        ct_store_free(st);
+        return 1;
+    }
     int seen = 0;
     for (int i = 0; i < 2000 && !seen; i++) {
         seen = count_segments(victim) > 0;
