@@ -131,6 +131,7 @@ int bench_fsdp(bench_ctx *b, int argc, char **argv)
                            "--overwrite", NULL};
     json_t *cases = json_array();
     double single_tps = NAN, fsdp_tps = NAN, fsdp_serial_tps = NAN;
+    json_int_t fsdp_state = 0, dp_state = 0;
     for (size_t c = 0; c < NCASES; c++) {
         const fcase *fc = &CASES[c];
         char out[4200], np[16];
@@ -206,7 +207,8 @@ int bench_fsdp(bench_ctx *b, int argc, char **argv)
         json_decref(end);
         json_array_append_new(cases, o);
         if (!strcmp(fc->name, "single")) single_tps = tps;
-        if (!strcmp(fc->name, "fsdp")) fsdp_tps = tps;
+        if (!strcmp(fc->name, "fsdp")) fsdp_tps = tps, fsdp_state = state;
+        if (!strcmp(fc->name, "dp")) dp_state = state;
         if (!strcmp(fc->name, "fsdp-no-overlap")) fsdp_serial_tps = tps;
     }
     /* PyTorch 1.13 on the same weights and tokens: one process and DDP over gloo */
@@ -245,6 +247,12 @@ int bench_fsdp(bench_ctx *b, int argc, char **argv)
                             (json_int_t)1, "cases", cases, "torch", tj);
     json_object_set_new(res, "speedup_fsdp2_vs_single", json_real(fsdp_tps / single_tps));
     json_object_set_new(res, "speedup_overlap_vs_serialized", json_real(fsdp_tps / fsdp_serial_tps));
+    /* dp replicates the whole state, as one process holds it: the N=1 state */
+    if (fsdp_state > 0 && dp_state > 0)
+        json_object_set_new(res, "state_fsdp2_vs_replicated", json_real((double)fsdp_state / (double)dp_state));
+    json_t *ddp = json_object_get(tj, "ddp_tokens_per_s");
+    if (json_is_number(ddp) && json_number_value(ddp) > 0)
+        json_object_set_new(res, "speedup_fsdp2_vs_torch_ddp", json_real(fsdp_tps / json_number_value(ddp)));
     if (b->json) {
         bench_print_json(res);
     } else {
@@ -268,13 +276,16 @@ int bench_fsdp(bench_ctx *b, int argc, char **argv)
                                         json_number_value(pv) / 1048576.0);
             json_t *ep = json_object_get(o, "exposed_pct_of_step"), *ec = json_object_get(o, "exposed_pct_of_collectives");
             json_t *sb = json_object_get(o, "state_bytes_per_rank");
-            printf("%-16s %3lld %10.3f %10.0f %8.1f%% %8.1f%% %8.1f MiB %s\n",
+            char cols[3][32] = {"-", "-", "-"}; /* the one-process case has no collectives */
+            if (ep) snprintf(cols[0], sizeof cols[0], "%.1f%%", json_number_value(ep));
+            if (ec) snprintf(cols[1], sizeof cols[1], "%.1f%%", json_number_value(ec));
+            if (sb) snprintf(cols[2], sizeof cols[2], "%.1f MiB", json_integer_value(sb) / 1048576.0);
+            printf("%-16s %3lld %10.3f %10.0f %9s %9s %12s %s\n",
                    json_string_value(json_object_get(o, "name")),
                    (long long)json_integer_value(json_object_get(o, "nproc")),
                    json_number_value(json_object_get(o, "step_median_s")),
-                   json_number_value(json_object_get(o, "tokens_per_s")),
-                   ep ? json_number_value(ep) : 0.0, ec ? json_number_value(ec) : 0.0,
-                   sb ? json_integer_value(sb) / 1048576.0 : 0.0, peaks);
+                   json_number_value(json_object_get(o, "tokens_per_s")), cols[0], cols[1],
+                   cols[2], peaks);
         }
         const char *ts = json_string_value(json_object_get(tj, "status"));
         if (ts && !strcmp(ts, "ok")) {
@@ -287,6 +298,12 @@ int bench_fsdp(bench_ctx *b, int argc, char **argv)
         } else if (torch) {
             printf("PyTorch: %s\n", ts ? ts : "failed");
         }
+        json_t *r;
+        if ((r = json_object_get(res, "state_fsdp2_vs_replicated")))
+            printf("training state per rank, fsdp N=2 / replicated (N=1): %.3fx\n", json_number_value(r));
+        printf("overlap on / every collective waited: %.2fx tokens/s\n", fsdp_tps / fsdp_serial_tps);
+        if ((r = json_object_get(res, "speedup_fsdp2_vs_torch_ddp")))
+            printf("fsdp N=2 / PyTorch DDP N=2: %.2fx tokens/s\n", json_number_value(r));
     }
     json_decref(res);
     return 0;

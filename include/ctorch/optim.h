@@ -30,7 +30,8 @@ CT_API ct_adamw_options ct_adamw_options_default(void);
 /** One AdamW step over n parameters, as torch.optim.AdamW does (t = step, 1-based):
  *    p = p * (1 - lr * wd);  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
  *    p = p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
- *  param, m, v [n] are updated in place; grad [n] is read. m and v start at zero.
+ *  param, m, v [n] are updated in place; grad [n] is read. m and v start at zero. The four
+ *  arrays must not overlap.
  *  CT_EINVAL: n < 0, step < 1, NULL arrays with n > 0, options out of range. */
 CT_API ct_status ct_adamw_step(float *param, const float *grad, float *m, float *v, int64_t n,
                                int64_t step, const ct_adamw_options *opt);

@@ -21,14 +21,21 @@ typedef struct {
 static void adamw_range(void *ctx, int64_t i0, int64_t i1, int tid)
 {
     const adamw_job *j = ctx;
+    /* The four arrays are distinct (ct_adamw_step's contract) and this file is compiled with
+     * -fno-math-errno, so the loop vectorises; every lane does the scalar loop's IEEE
+     * operations in the same order (no contraction in ISO C mode), so the bits do not change. */
+    float *restrict pp = j->p, *restrict mp = j->m, *restrict vp = j->v;
+    const float *restrict gp = j->g;
+    const float b1 = j->b1, one_b1 = j->one_b1, b2 = j->b2, one_b2 = j->one_b2;
+    const float decay = j->decay, step_size = j->step_size, bc2_sqrt = j->bc2_sqrt, eps = j->eps;
     for (int64_t i = i0; i < i1; i++) {
-        float g = j->g[i];
-        float m = j->b1 * j->m[i] + j->one_b1 * g;
-        float v = j->b2 * j->v[i] + j->one_b2 * g * g;
-        j->m[i] = m;
-        j->v[i] = v;
-        float p = j->p[i] * j->decay;
-        j->p[i] = p - j->step_size * m / (sqrtf(v) / j->bc2_sqrt + j->eps);
+        float g = gp[i];
+        float m = b1 * mp[i] + one_b1 * g;
+        float v = b2 * vp[i] + one_b2 * g * g;
+        mp[i] = m;
+        vp[i] = v;
+        float p = pp[i] * decay;
+        pp[i] = p - step_size * m / (sqrtf(v) / bc2_sqrt + eps);
     }
 }
 

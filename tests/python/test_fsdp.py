@@ -384,3 +384,24 @@ def test_elastic_kill_a_rank(tmp_path, mode, n):
                 named = e["op"] in ("all_gather_single", "reduce_scatter_single", "all_reduce")
     assert named, "no dump names rank 1 and its collective"
     assert "rank 1" in err
+
+
+def test_bench_fsdp_report():
+    """`ctorch bench fsdp --json` on a tiny model: every case ran, the state per rank of FSDP at
+    N=2 is half the replicated one, exposed time never exceeds the collectives' (no timing
+    decides anything here)."""
+    r = ctorch("bench", "fsdp", "--json", "--layers", 2, "--d-model", 64, "--seq", 16,
+               "--steps", 2, "--no-torch")
+    d = json.loads(r.stdout)
+    cases = {c["name"]: c for c in d["cases"]}
+    assert set(cases) == {"single", "fsdp", "fsdp-no-overlap", "fsdp-shared-rs", "dp"}
+    for c in cases.values():
+        assert "status" not in c, c
+        assert c["timed_steps"] >= 1 and c["tokens_per_s"] > 0
+    for name in ("fsdp", "fsdp-no-overlap", "fsdp-shared-rs", "dp"):
+        c = cases[name]
+        assert c["nproc"] == 2 and len(c["peak_tracked_bytes_per_rank"]) == 2
+        assert 0 <= c["exposed_comm_s"] <= c["collective_s"] * 1.0001 + 1e-6
+    assert cases["fsdp"]["state_bytes_per_rank"] * 2 == cases["dp"]["state_bytes_per_rank"]
+    assert d["state_fsdp2_vs_replicated"] == pytest.approx(0.5)
+    assert d["torch"] is None
