@@ -563,10 +563,15 @@ int bench_comm(bench_ctx *b, int argc, char **argv)
                 putchar('\n');
             }
         }
-        if (base)
-            printf("\nall_reduce 64 MiB bus bandwidth: %.2fx MPICH's; 8 B latency: %.2fx MPICH's "
-                   "(median), %.2fx (best repeat); all_gather 1 MiB bus bandwidth: %.2fx\n",
-                   r64, lat8, lat8min, ag1);
+        if (base) { /* a size left out by --sizes has no ratio */
+            char f[4][32] = {"not measured", "not measured", "not measured", "not measured"};
+            double v[4] = {r64, lat8, lat8min, ag1};
+            for (int i = 0; i < 4; i++)
+                if (v[i] > 0) snprintf(f[i], sizeof f[i], "%.2fx", v[i]);
+            printf("\nall_reduce 64 MiB bus bandwidth: %s MPICH's; 8 B latency: %s MPICH's "
+                   "(median), %s (best repeat); all_gather 1 MiB bus bandwidth: %s\n",
+                   f[0], f[1], f[2], f[3]);
+        }
     }
     json_decref(j);
     json_decref(res);
