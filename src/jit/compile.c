@@ -261,16 +261,34 @@ static ct_status make_env(const char *fn, const ct_jit_options *o, env *e)
     e->threads = o->threads;
     if (e->threads <= 0) {
         const char *t = getenv("CT_COMPILE_THREADS");
-        e->threads = t && *t ? atoi(t) : 0;
-        if (e->threads <= 0) e->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+        if (t && *t) {
+            char *end;
+            errno = 0;
+            long v = strtol(t, &end, 10);
+            if (errno || *end || v < 1 || v > 1024)
+                return ct_error(CT_EINVAL, "%s: CT_COMPILE_THREADS='%s': an integer in [1, 1024] expected",
+                                fn, t);
+            e->threads = (int)v;
+        } else {
+            e->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+        }
     }
     if (e->threads < 1) e->threads = 1;
     if (e->threads > 64) e->threads = 64;
     e->timeout = o->timeout_s;
     if (!(e->timeout > 0)) {
         const char *t = getenv("CT_COMPILE_TIMEOUT");
-        e->timeout = t && *t ? strtod(t, NULL) : 0;
-        if (!(e->timeout > 0)) e->timeout = 60;
+        if (t && *t) {
+            char *end;
+            errno = 0;
+            double v = strtod(t, &end);
+            if (errno || *end || !(v > 0) || v > 86400)
+                return ct_error(CT_EINVAL,
+                                "%s: CT_COMPILE_TIMEOUT='%s': seconds in (0, 86400] expected", fn, t);
+            e->timeout = v;
+        } else {
+            e->timeout = 60;
+        }
     }
     return cache_dir(fn, o->cache_dir, e->dir);
 }

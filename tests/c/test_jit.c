@@ -485,6 +485,20 @@ static void check_cache(void)
     oo.cache_dir = open_dir;
     CHECK_STATUS(ct_mask_mod_compile("q != kv + 5", NULL, 0, &oo, &m), CT_EINVAL);
     CHECK(strstr(ct_last_error(), "writable by other users") != NULL);
+    /* a cache dir that belongs to another user is refused (as root: one given to nobody; as
+     * anyone else: "/", which root owns) */
+    char other_dir[300];
+    snprintf(other_dir, sizeof other_dir, "%s/other", g_dir);
+    if (geteuid() == 0) {
+        mkdir(other_dir, 0700);
+        CHECK(chown(other_dir, 65534, 65534) == 0);
+    } else {
+        snprintf(other_dir, sizeof other_dir, "/");
+    }
+    oo = o;
+    oo.cache_dir = other_dir;
+    CHECK_STATUS(ct_mask_mod_compile("q != kv + 7", NULL, 0, &oo, &m), CT_EINVAL);
+    CHECK(strstr(ct_last_error(), "belongs to another user") != NULL);
     /* no compiler */
     oo = o;
     oo.cc = "ctorch-no-such-compiler";
@@ -618,6 +632,17 @@ static void check_env(void)
     CHECK_STATUS(ct_mask_mod_compile("q != kv + 21", NULL, 0, &os, &k), CT_ETIMEDOUT);
     CHECK(strstr(ct_last_error(), "0.4 s") != NULL);
     unsetenv("CT_COMPILE_TIMEOUT");
+    /* values that are not numbers in range are refused by name, never silently defaulted */
+    const char *bad_env[][2] = {{"CT_COMPILE_THREADS", "two"}, {"CT_COMPILE_THREADS", "0"},
+                                {"CT_COMPILE_THREADS", "3x"}, {"CT_COMPILE_TIMEOUT", "soon"},
+                                {"CT_COMPILE_TIMEOUT", "-1"}, {"CT_COMPILE_TIMEOUT", "nan"}};
+    for (size_t i = 0; i < sizeof bad_env / sizeof bad_env[0]; i++) {
+        setenv(bad_env[i][0], bad_env[i][1], 1);
+        ct_jit_reset_table();
+        CHECK_STATUS(ct_mask_mod_compile("q != kv + 23", NULL, 0, &os, &k), CT_EINVAL);
+        CHECK(strstr(ct_last_error(), bad_env[i][0]) && strstr(ct_last_error(), bad_env[i][1]));
+        unsetenv(bad_env[i][0]);
+    }
     /* the compiler's identity */
     snprintf(dir, sizeof dir, "%s/envid", g_dir);
     o.cache_dir = dir;
