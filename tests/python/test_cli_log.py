@@ -8,16 +8,9 @@ import subprocess
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def cli_path():
-    if os.environ.get("CTORCH_CLI"):
-        return os.environ["CTORCH_CLI"]
-    lib = os.environ.get("CTORCH_LIB")
-    if lib:
-        return os.path.join(os.path.dirname(lib), "ctorch")
-    return os.path.join(ROOT, "build", "ctorch")
+from conftest import cli_path  # noqa: E402,F401  (the one definition)
 
 
 TINY = ["--vocab", "256", "--classes", "8", "--sentence", "5", "--repeats", "3", "--layers", "1",

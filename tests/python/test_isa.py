@@ -4,17 +4,10 @@ error naming the CPU (or the accepted names) and the command does not run."""
 import os
 import subprocess
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NAMES = ["scalar", "avx2", "avx512", "neon", "sve"]
 
 
-def cli_path():
-    if os.environ.get("CTORCH_CLI"):
-        return os.environ["CTORCH_CLI"]
-    lib = os.environ.get("CTORCH_LIB")
-    if lib:
-        return os.path.join(os.path.dirname(lib), "ctorch")
-    return os.path.join(ROOT, "build", "ctorch")
+from conftest import cli_path  # noqa: E402,F401  (the one definition)
 
 
 def version(**env):
