@@ -1513,6 +1513,10 @@ static int train_dist(run *r)
         json_object_set_new(end, "state_bytes", json_integer((json_int_t)fs.state_bytes));
         json_object_set_new(end, "peak_gathered_bytes",
                             json_integer((json_int_t)fs.peak_gathered_bytes));
+        /* of the last step's block computes, those with a collective issued and not waited */
+        json_object_set_new(end, "block_computes", json_integer((json_int_t)fs.block_computes));
+        json_object_set_new(end, "block_computes_overlapped",
+                            json_integer((json_int_t)fs.block_computes_overlapped));
         if (!isnan(last_eval)) json_object_set_new(end, "eval_loss", json_real(last_eval));
         metrics_line(mf, end);
         fclose(mf);

@@ -93,6 +93,11 @@ typedef struct ct_fsdp_stats {
     size_t gathered_bytes; /**< gathered block buffers allocated now (parameters, staging) */
     size_t peak_gathered_bytes; /**< most gathered block buffers at once */
     size_t block_bytes;    /**< the largest group's gathered buffers (one block's worth) */
+    int64_t block_computes; /**< transformer-block forwards and backwards run */
+    int64_t block_computes_overlapped; /**< of those, the ones that started while a collective
+                                            was issued and not yet waited for (another block's
+                                            all-gather or a reduce-scatter / bucket all_reduce):
+                                            0 without overlap */
 } ct_fsdp_stats;
 
 /** A model whose parameters live across the ranks of a communicator (opaque). */

@@ -87,6 +87,19 @@ static ct_status finish(ct_fsdp *f, ct_work **w)
     return s;
 }
 
+/* A block's compute starts: count it, and whether a collective is issued and not yet waited
+ * (the structural sign of overlap, independent of timing). */
+static void block_compute(ct_fsdp *f)
+{
+    f->st.block_computes++;
+    bool busy = false;
+    for (int g = 0; g < f->ng && !busy; g++)
+        busy = f->g[g].ag != NULL;
+    for (int i = 0; i < DS_RS_BUFS && !busy; i++)
+        busy = f->rsb[i].w != NULL;
+    if (busy) f->st.block_computes_overlapped++;
+}
+
 static void issued(ct_fsdp *f, double bytes)
 {
     f->st.collectives++;
@@ -408,7 +421,7 @@ void ct_fsdp_get_stats(const ct_fsdp *f, ct_fsdp_stats *out)
 void ct_fsdp_reset_stats(ct_fsdp *f)
 {
     f->st.exposed_s = f->st.collective_s = f->st.bytes_sent = 0;
-    f->st.collectives = 0;
+    f->st.collectives = f->st.block_computes = f->st.block_computes_overlapped = 0;
     f->st.peak_gathered_bytes = f->st.gathered_bytes;
 }
 
@@ -662,6 +675,7 @@ static ct_status forward_blocks(ct_fsdp *f, int64_t B, int64_t T, bool training)
         for (int i = 1; i <= pf && l + i < L; i++)
             CT_TRY(issue_gather(f, 1 + l + i));
         CT_TRY(use_group(f, 1 + l));
+        block_compute(f);
         if (B) CT_TRY(gpt_block_forward(f->m, l, B, T));
         if (f->g[1 + l].reshard || !training) release_group(f, 1 + l);
     }
@@ -723,6 +737,7 @@ ct_status ct_fsdp_forward_backward(ct_fsdp *f, const int32_t *tokens, int64_t B,
         CT_TRY(use_group(f, 1 + l));
         CT_TRY(grad_target(f, 1 + l, &ug));
         bind_group_grads(f, &f->g[1 + l], ug);
+        block_compute(f);
         if (B) CT_TRY(gpt_block_backward(f->m, l, B, T));
         release_group(f, 1 + l);
         CT_TRY(group_grads_done(f, 1 + l, ug));

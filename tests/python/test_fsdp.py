@@ -68,11 +68,19 @@ def consolidated(out, tmp):
 
 
 def assert_same_run(a, b, tol=1e-5):
-    la, _ = losses(a)
-    lb, _ = losses(b)
+    """Same logged losses, gradient norms and held-out losses (evaluation runs on every rank
+    and is averaged), each within tol relative."""
+    la, ra = losses(a)
+    lb, rb = losses(b)
     assert len(la) == len(lb) and la
     rel = max(abs(x - y) / abs(x) for x, y in zip(la, lb))
     assert rel <= tol, f"losses differ by {rel:.3g} relative"
+    for key in ("grad_norm", "eval_loss"):
+        va = [r[key] for r in ra if key in r]
+        vb = [r[key] for r in rb if key in r]
+        assert len(va) == len(vb) and va, key
+        rel = max(abs(x - y) / abs(x) for x, y in zip(va, vb))
+        assert rel <= tol, f"{key} differs by {rel:.3g} relative"
 
 
 def assert_same_weights(wa, wb, tol=1e-5):
@@ -110,6 +118,47 @@ def test_equivalence_tcp(baseline, mode, n):
     assert end["event"] == "end" and end["world_size"] == n
     assert len(end["peak_mem_bytes_per_rank"]) == n and min(end["peak_mem_bytes_per_rank"]) > 0
     assert 0 <= end["exposed_comm_pct"] <= 100
+
+
+@pytest.mark.parametrize("mode", ["--fsdp", "--dp"])
+def test_gradient_accumulation_across_ranks(tmp_path, mode):
+    """--accum 3 at 2 ranks (the reduce-scatter / all_reduce skipped on the first two
+    micro-batches, requires_gradient_sync) trains the one-process model."""
+    one = str(tmp_path / "one")
+    ctorch("train", *TINY, "--steps", 20, "--batch", 4, "--accum", 3, "--eval-every", 10,
+           "--out", one)
+    two = str(tmp_path / "two")
+    ctorch("train", *TINY, "--steps", 20, "--batch", 4, "--accum", 3, "--eval-every", 10,
+           "--out", two, mode, "--nproc", 2)
+    assert_same_run(one, two)
+    w1, _ = load_st(os.path.join(one, "checkpoint.safetensors"))
+    w2, _ = consolidated(two, str(tmp_path))
+    assert_same_weights(w1, w2)
+
+
+@pytest.mark.parametrize("mode", ["--fsdp", "--dp"])
+def test_overlap_is_structural(tmp_path, mode):
+    """With overlap (the default) block computes start while other collectives are issued and
+    not yet waited for; with --no-overlap none does. Counted in program order, not timed. The
+    last step runs a forward and backward per block, then the final one-batch evaluation's
+    forward. FSDP: every block compute has another block's all-gather or a reduce-scatter in
+    flight except the last block of each forward; DP: every backward block but the first has
+    the later blocks' bucket all_reduce in flight."""
+    for layers in (2, 3):
+        for flags in ((), ("--no-overlap",)):
+            out = str(tmp_path / f"l{layers}o{len(flags)}")
+            args = list(TINY)
+            args[args.index("--layers") + 1] = layers
+            ctorch("train", *args, "--eval-batches", 1, "--steps", 3, "--batch", 4, "--out", out,
+                   mode, "--nproc", 2, *flags)
+            end = losses(out)[1][-1]
+            assert end["event"] == "end"
+            assert end["block_computes"] == 3 * layers
+            if flags:
+                want = 0
+            else:
+                want = 3 * layers - 2 if mode == "--fsdp" else layers - 1
+            assert end["block_computes_overlapped"] == want, (layers, flags)
 
 
 def test_one_rank_fsdp_is_bitwise_the_single_process_run(baseline):
@@ -381,8 +430,8 @@ def test_elastic_kill_a_rank(tmp_path, mode, n):
 
 def test_bench_fsdp_report():
     """`ctorch bench fsdp --json` on a tiny model: every case ran, the state per rank of FSDP at
-    N=2 is half the replicated one, exposed time never exceeds the collectives' (no timing
-    decides anything here)."""
+    N=2 is half the replicated one, exposed time is within the step (no timing decides anything
+    here)."""
     r = ctorch("bench", "fsdp", "--json", "--layers", 2, "--d-model", 64, "--seq", 16,
                "--steps", 2, "--no-torch")
     d = json.loads(r.stdout)
@@ -394,7 +443,9 @@ def test_bench_fsdp_report():
     for name in ("fsdp", "fsdp-no-overlap", "fsdp-shared-rs", "dp"):
         c = cases[name]
         assert c["nproc"] == 2 and len(c["peak_tracked_bytes_per_rank"]) == 2
-        assert 0 <= c["exposed_comm_s"] <= c["collective_s"] * 1.0001 + 1e-6
+        # the wait includes wake-up latency, so it may pass the collectives' own time a little,
+        # never the step
+        assert 0 <= c["exposed_comm_s"] <= c["step_median_s"] and c["collective_s"] > 0
     assert cases["fsdp"]["state_bytes_per_rank"] * 2 == cases["dp"]["state_bytes_per_rank"]
     assert d["state_fsdp2_vs_replicated"] == pytest.approx(0.5)
     assert d["torch"] is None
