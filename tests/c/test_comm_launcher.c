@@ -121,7 +121,7 @@ static int worker_sigint(void)
         ct_sleep(0.001);
     printf("got %s\n", g_sig == SIGINT ? "SIGINT" : g_sig == SIGTERM ? "SIGTERM" : "nothing");
     fflush(stdout);
-    return g_sig == SIGINT ? 7 : 1;
+    return g_sig == SIGINT ? 7 : g_sig == SIGTERM ? 8 : 1;
 }
 
 /* ---- the tests ------------------------------------------------------------------------------ */
@@ -185,7 +185,9 @@ static void test_orphans(void)
 }
 
 /* The launcher in the background; SIGINT to it once both ranks are ready. */
-static void test_sigint(void)
+/* SIGINT or SIGTERM sent to the launcher reaches every rank's process group (each rank's
+ * handler reports it) and the launcher exits 128 + the signal. */
+static void test_signal(int sig)
 {
     const char *cli = getenv("CTORCH_CLI");
     char self[4096];
@@ -222,7 +224,7 @@ static void test_sigint(void)
             p++;
         }
         if (ready == 2 && !sent) {
-            kill(pid, SIGINT);
+            kill(pid, sig);
             sent = 1;
         }
     }
@@ -231,8 +233,12 @@ static void test_sigint(void)
     int st = 0;
     waitpid(pid, &st, 0);
     CHECK(sent);
-    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGINT);
-    CHECK(strstr(out, "[rank0]: got SIGINT") && strstr(out, "[rank1]: got SIGINT"));
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 128 + sig);
+    const char *name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+    char r0[64], r1[64];
+    snprintf(r0, sizeof r0, "[rank0]: got %s", name);
+    snprintf(r1, sizeof r1, "[rank1]: got %s", name);
+    CHECK(strstr(out, r0) && strstr(out, r1));
 }
 
 int main(int argc, char **argv)
@@ -247,6 +253,7 @@ int main(int argc, char **argv)
     alarm(240); /* a launcher that waits on an orphan would hang the test: fail it instead */
     test_shm_leftover();
     test_orphans();
-    test_sigint();
+    test_signal(SIGINT);
+    test_signal(SIGTERM);
     return t_report("test_comm_launcher");
 }

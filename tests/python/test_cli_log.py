@@ -61,3 +61,11 @@ def test_log_json_after_double_dash_is_not_taken(tmp_path):
 def test_help_mentions_log_json():
     r = subprocess.run([cli_path(), "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "--log-json" in r.stdout
+
+
+def test_train_nproc_gives_its_ranks_a_job_secret(tmp_path):
+    """`ctorch train --nproc 2` without CT_JOB_SECRET: the launcher it runs makes one for the
+    job, so no rank nor the store warns about running without one (the one-process run above
+    does)."""
+    lines = train(tmp_path, after=["--nproc", "2"])
+    assert not any("no_job_secret" in l for l in lines), lines
