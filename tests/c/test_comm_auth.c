@@ -624,6 +624,58 @@ static void test_rank_wrong_secret(void)
 }
 
 /* Listeners bind the store's interface (loopback here), not every interface. */
+/* Whether a socket listens on TCP port `port` (from /proc/net/tcp, state 0A = LISTEN), and
+ * whether one of them is bound to the wildcard address. */
+static int listening(int port, int *wildcard)
+{
+    FILE *f = fopen("/proc/net/tcp", "r");
+    char line[512];
+    int found = 0;
+    *wildcard = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        unsigned a, p, st;
+        if (sscanf(line, " %*d: %8X:%4X %*8X:%*4X %2X", &a, &p, &st) != 3) continue;
+        if ((int)p != port || st != 0x0A) continue;
+        found = 1;
+        *wildcard |= a == 0;
+    }
+    if (f) fclose(f);
+    return found;
+}
+
+/* The store rank 0 starts itself (no launcher: CT_STORE_HOSTED unset) binds MASTER_ADDR. */
+static void test_env_store_bind(void)
+{
+    int probe = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {0};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t sl = sizeof sa;
+    CHECK(probe >= 0 && bind(probe, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+          getsockname(probe, (struct sockaddr *)&sa, &sl) == 0);
+    int port = ntohs(sa.sin_port);
+    close(probe);
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    setenv("RANK", "0", 1);
+    setenv("WORLD_SIZE", "1", 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", ps, 1);
+    unsetenv("CT_STORE_HOSTED");
+    ct_comm_options o = ct_comm_options_default();
+    o.timeout_s = 20;
+    o.secret = SECRET;
+    ct_comm *c = NULL;
+    CHECK_OK(ct_comm_init_env(&o, &c));
+    int wildcard = 0;
+    CHECK(listening(port, &wildcard));
+    CHECK(!wildcard);
+    ct_comm_free(c);
+    const char *vars[] = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        unsetenv(vars[i]);
+}
+
 static void test_listener_bind(void)
 {
     ct_store_options so = opts(SECRET);
@@ -638,19 +690,8 @@ static void test_listener_bind(void)
     ct_store *spy = NULL;
     CHECK_OK(ct_store_connect_opts("127.0.0.1", port, 5, &so, &spy));
     int lport = listener_port(spy, "ctc/authtest/1/addr/0");
-    /* The listening socket's local address, from /proc/net/tcp (state 0A = LISTEN). */
-    FILE *f = fopen("/proc/net/tcp", "r");
-    char line[512];
-    int found = 0, wildcard = 0;
-    while (f && fgets(line, sizeof line, f)) {
-        unsigned a, p, st;
-        if (sscanf(line, " %*d: %8X:%4X %*8X:%*4X %2X", &a, &p, &st) != 3) continue;
-        if ((int)p != lport || st != 0x0A) continue;
-        found = 1;
-        wildcard |= a == 0;
-    }
-    if (f) fclose(f);
-    CHECK(found);
+    int wildcard = 0;
+    CHECK(listening(lport, &wildcard));
     CHECK(!wildcard);
     pthread_create(&t1, NULL, rank_main, &r1);
     pthread_join(t0, NULL);
@@ -727,6 +768,7 @@ int main(int argc, char **argv)
     test_stranger_at_rank(0);
     test_rank_wrong_secret();
     test_listener_bind();
+    test_env_store_bind();
     test_launch_secret();
     return t_report("test_comm_auth");
 }
