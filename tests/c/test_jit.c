@@ -458,6 +458,34 @@ static void check_cache(void)
     m.tile(m.ctx, &t, keep); /* q 20,21 x kv 2,3: q - kv > 17 except (20, 3) */
     CHECK(keep[0] == 0 && keep[1] == 0 && keep[2] == 1 && keep[3] == 0);
     ct_mask_mod_free(&m);
+    /* the key holds the ISA and the constants: another ISA (other flags) or another constant
+     * is a miss and a new entry, never the old kernel */
+    ct_isa was = ct_active_isa();
+    if (was != CT_ISA_SCALAR) {
+        ct_jit_stats k0, k1;
+        ct_jit_reset_table();
+        ct_jit_get_stats(&k0);
+        CHECK_OK(ct_set_isa(CT_ISA_SCALAR));
+        CHECK_OK(ct_mask_mod_compile(expr, NULL, 0, &o, &m));
+        ct_mask_mod_free(&m);
+        CHECK_OK(ct_set_isa(was));
+        ct_jit_get_stats(&k1);
+        CHECK(k1.compiles == k0.compiles + 1 && k1.cache_hits == k0.cache_hits);
+        CHECK(count_entries(dir, ".so") == 2);
+    } else {
+        printf("check_cache: the ISA part of the key SKIPPED (the CPU runs scalar only)\n");
+    }
+    {
+        ct_jit_stats k0, k1;
+        int before = count_entries(dir, ".so");
+        ct_jit_reset_table();
+        ct_jit_get_stats(&k0);
+        CHECK_OK(ct_mask_mod_compile("q - kv <= 18 && q >= kv && (q + kv) % 3 != 1", NULL, 0, &o, &m));
+        ct_mask_mod_free(&m);
+        ct_jit_get_stats(&k1);
+        CHECK(k1.compiles == k0.compiles + 1 && k1.cache_hits == k0.cache_hits);
+        CHECK(count_entries(dir, ".so") == before + 1);
+    }
     /* damage the entry: detected by the checksum and rebuilt, never loaded */
     char cmd[700];
     snprintf(cmd, sizeof cmd, "for f in %s/*.so; do printf 'garbage' | dd of=$f bs=1 seek=100 conv=notrunc 2>/dev/null; done", dir);

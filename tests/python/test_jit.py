@@ -266,6 +266,24 @@ def test_one_kernel_serves_every_length():
     assert after["table_hits"] >= before["table_hits"] + 3
 
 
+def test_python_constants_are_part_of_the_kernel():
+    """Two closures of one function over different constants are two kernels: each result is
+    its own constant's (a stale kernel from the key missing the constant would give the
+    first's)."""
+    def make(w):
+        return lambda s, b, h, q, kv: s + w * (kv - q)
+    q, k, v, _ = inputs(1, 1, 1, 21, 21)
+    for w in (0.25, -0.5, 0.75):
+        sm = make(w)
+        before = _trace.stats()
+        out = flex_attention(q, k, v, score_mod=sm)
+        torch.testing.assert_close(out.double(), ref_attention(q.double(), k.double(), v.double(), sm),
+                                   atol=1e-4, rtol=1e-4)
+        after = _trace.stats()
+        # a new kernel: built now or found on disk under its own key, not the table's old one
+        assert after["compiles"] + after["cache_hits"] > before["compiles"] + before["cache_hits"], w
+
+
 def test_index_out_of_range_is_index_error():
     bias = torch.zeros(10)
     sm = lambda s, b, h, q, kv: s + bias[q - kv + 4]  # noqa: E731
