@@ -374,9 +374,10 @@ int cmd_generate(int argc, char **argv)
     const char *tr = f ? ct_tensor_file_metadata_get(f, "train") : NULL;
     ct_train_options to = ct_train_options_default();
     if (tr && ct_train_options_from_json(tr, &to) == CT_OK) mo.eos_token = to.eos_token;
-    /* a directory's f32 weights are read in place from the mapped files (no copy) */
-    if ((s = ct_gpt_create(&cfg, &mo, &m)) ||
-        (!pt && (s = hf ? ct_hf_map_params(hf, m, NULL) : ct_gpt_load_params(m, f)))) {
+    /* a directory's weights are read in place from the mapped files, in their dtype (no
+     * copy, no parameter arrays) */
+    if ((s = hf ? ct_hf_map_model(hf, &mo, &m, NULL) : ct_gpt_create(&cfg, &mo, &m)) ||
+        (!pt && !hf && (s = ct_gpt_load_params(m, f)))) {
         rc = cli_fail("generate", s);
         goto done;
     }

@@ -168,7 +168,8 @@ CT_API void ct_gpt_free(ct_gpt *m);
 CT_API const ct_gpt_config *ct_gpt_get_config(const ct_gpt *m);
 CT_API const ct_gpt_options *ct_gpt_get_options(const ct_gpt *m);
 
-/** The allocation sizes of this instance. */
+/** The allocation sizes of this instance (a model from ct_hf_map_model: params is the bytes of
+ *  the tensors it converted to f32, grads 0). */
 CT_API ct_gpt_memory ct_gpt_memory_sizes(const ct_gpt *m);
 
 /** Initialise the weights from a seed: normal(0, init_std) in tensor order from one ct_rng
@@ -519,11 +520,29 @@ CT_API int ct_hf_num_shards(const ct_hf_model *h);
  *  must have the directory's configuration (CT_EINVAL otherwise). For training. */
 CT_API ct_status ct_hf_load_params(const ct_hf_model *h, ct_gpt *m);
 
-/** Point the model's weights at the mapped files where a tensor is f32 and aligned (no copy;
- *  the others are converted into the model's own buffers). The model becomes inference-only
- *  (ct_gpt_forward_backward, ct_gpt_init and ct_gpt_load_params refuse it) and h must outlive
- *  it. *mapped (may be NULL) receives how many of the HF tensors were mapped without a copy. */
+/** Point the model's weights at the mapped files without a copy: f32 tensors (aligned) and
+ *  bf16 / f16 matrices (embedding, head, q/k/v/o, gate/up/down; 2-byte aligned) are read in
+ *  place, keeping their dtype; the norm weights and biases in bf16 / f16, and anything
+ *  misaligned, are converted to f32 into the model's own parameter array. The forward
+ *  (ct_gpt_logits, ct_gpt_next_logits, the KV cache, ct_gpt_generate) reads half weights
+ *  directly: decode's GEMV widens each weight row as it goes; more rows convert fixed panels
+ *  of weight rows (a function of the row length alone) into a scratch of 1 MiB per thread
+ *  (4 MiB at most, for rows over 16384 values) and multiply them with ct_gemm_f32: the
+ *  results are the f32 maths on the widened weights, bitwise the same for any thread count.
+ *  The model becomes inference-only (ct_gpt_forward_backward, ct_gpt_init,
+ *  ct_gpt_load_params, ct_lora_create and ct_gpt_tensor's parameter views refuse it; so does
+ *  ct_gpt_forward when the head is half) and h must outlive it. *mapped (may be NULL)
+ *  receives how many of the HF tensors were read in place. m must hold parameter arrays
+ *  (ct_gpt_create); ct_hf_map_model below makes a model without them. */
 CT_API ct_status ct_hf_map_params(const ct_hf_model *h, ct_gpt *m, int *mapped);
+
+/** Create a model of the directory's configuration (opt: batch and seq of its activations,
+ *  NULL: the defaults) whose weights are mapped as ct_hf_map_params maps them, but holding
+ *  no parameter or gradient arrays: its tracked memory is the activations and the tensors
+ *  converted to f32 (ct_gpt_memory_sizes: params = their bytes, grads 0), not the weights.
+ *  What inference should use. h must outlive the model; *out NULL on failure. */
+CT_API ct_status ct_hf_map_model(const ct_hf_model *h, const ct_gpt_options *opt, ct_gpt **out,
+                                 int *mapped);
 
 /** Options of ct_hf_save. */
 typedef struct ct_hf_save_options {

@@ -85,6 +85,7 @@ lib.ct_hf_get_config.argtypes = [_vp]
 lib.ct_hf_get_config.restype = _P(_Config)
 lib.ct_hf_load_params.argtypes = [_vp, _vp]
 lib.ct_hf_map_params.argtypes = [_vp, _vp, _P(ctypes.c_int)]
+lib.ct_hf_map_model.argtypes = [_vp, _P(_Options), _P(_vp), _P(ctypes.c_int)]
 lib.ct_hf_num_shards.argtypes = [_vp]
 
 
@@ -171,18 +172,16 @@ class Model:
         o = lib.ct_gpt_options_default()
         o.batch, o.seq = nb, ns
         m = _vp()
-        check(lib.ct_gpt_create(ctypes.byref(self._cfg), ctypes.byref(o), ctypes.byref(m)))
-        if self._mapped:
+        if self._mapped:  # views into the files in their dtype, no parameter arrays
             n = ctypes.c_int()
-            try:
-                check(lib.ct_hf_map_params(self._hf.h, m, ctypes.byref(n)))
-            except Exception:
-                lib.ct_gpt_free(m)
-                raise
+            check(lib.ct_hf_map_model(self._hf.h, ctypes.byref(o), ctypes.byref(m),
+                                      ctypes.byref(n)))
             self.mapped_tensors = n.value
-        elif self._m is not None:
-            n = lib.ct_gpt_num_params(m)
-            ctypes.memmove(lib.ct_gpt_params(m), lib.ct_gpt_params(self._m), n * 4)
+        else:
+            check(lib.ct_gpt_create(ctypes.byref(self._cfg), ctypes.byref(o), ctypes.byref(m)))
+            if self._m is not None:
+                n = lib.ct_gpt_num_params(m)
+                ctypes.memmove(lib.ct_gpt_params(m), lib.ct_gpt_params(self._m), n * 4)
         if self._m is not None:
             lib.ct_gpt_free(self._m)
         self._m, self._batch, self._seq = m, nb, ns
@@ -440,9 +439,11 @@ def load(path, mmap=True, config=None):
     are ctorch's or Hugging Face's (model.layers.N.self_attn.q_proj.weight, ...), under one
     prefix ("model." for {"model": state_dict}).
 
-    mmap (directories only): True (default) reads f32 weights in place from the mapped files
-    (no copy; the model is inference-only); False copies them into the model's own f32 buffers
-    (bf16 / f16 are converted either way), so loss_and_grads works."""
+    mmap (directories only): True (default) reads the weights in place from the mapped files,
+    in their dtype (f32, bf16, f16; no copy, no parameter arrays: norm weights and biases in
+    bf16 / f16 are converted; the model is inference-only: forward, generate, save_hf);
+    False converts them into the model's own f32 buffers, so loss_and_grads, Lora and
+    merge_lora work."""
     path = os.fspath(path)
     if os.path.isdir(path):
         if config is not None:

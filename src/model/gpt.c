@@ -322,6 +322,7 @@ void ct_gpt_free(ct_gpt *m)
     ct_free(m->acts);
     ct_free(m->params);
     ct_free(m->grads);
+    ct_free(m->own);
     ct_free(m->w.layer);
     ct_free(m->g.layer);
     ct_free(m->tensors);
@@ -342,7 +343,8 @@ const ct_gpt_options *ct_gpt_get_options(const ct_gpt *m)
 ct_gpt_memory ct_gpt_memory_sizes(const ct_gpt *m)
 {
     size_t p = (size_t)m->nparams * sizeof(float);
-    ct_gpt_memory r = {p, p, m->acts_bytes, 2 * p};
+    bool bare = m->mapped && !m->params; /* ct_hf_map_model: views and a few converted tensors */
+    ct_gpt_memory r = {bare ? m->own_bytes : p, bare ? 0 : p, m->acts_bytes, 2 * p};
     return r;
 }
 
@@ -641,8 +643,7 @@ ct_status gpt_embed_forward(ct_gpt *m, int64_t B, int64_t T)
 {
     const ct_gpt_config *c = &m->cfg;
     CT_TRY(prepare_mask(m, B, T));
-    return ct_embedding_forward(m->a.resid, m->a.inp, CT_DTYPE_I32, m->w.emb, B * T,
-                                c->vocab_size, c->d_model);
+    return gpt_embed(m->a.resid, m->a.inp, m->w.emb, m->w.hemb, B * T, c->vocab_size, c->d_model);
 }
 
 /* Layer l: resid[l] -> resid[l + 1], keeping what its backward needs. */
@@ -662,26 +663,26 @@ ct_status gpt_block_forward(ct_gpt *m, int64_t l, int64_t B, int64_t T)
               *h = a->hb + lo * F;
         /* attention block: x2 = x + attention(rope(q), rope(k), v) wo^T */
         CT_TRY(ct_rmsnorm_forward(ln1, a->rstd1 + lo, x, w->norm1, N, C, c->norm_eps));
-        CT_TRY(ct_linear_forward(q, ln1, w->wq, w->bq, N, C, HE));
-        CT_TRY(ct_linear_forward(k, ln1, w->wk, w->bk, N, C, KE));
-        CT_TRY(ct_linear_forward(v, ln1, w->wv, w->bv, N, C, KE));
+        CT_TRY(gpt_linear(q, HE, ln1, w->wq, w->hq, w->bq, N, C, HE, false, false));
+        CT_TRY(gpt_linear(k, KE, ln1, w->wk, w->hk, w->bk, N, C, KE, false, false));
+        CT_TRY(gpt_linear(v, KE, ln1, w->wv, w->hv, w->bv, N, C, KE, false, false));
         CT_TRY(gpt_rope(m, q, B, T, H, false));
         CT_TRY(gpt_rope(m, k, B, T, K, false));
         CT_TRY(attention_forward(m, (int)l, B, T));
         memcpy(x2, x, (size_t)(N * C) * sizeof(float));
-        CT_TRY(ct_gemm_f32(false, true, N, C, HE, 1.0f, att, HE, w->wo, HE, 1.0f, x2, C));
+        CT_TRY(gpt_linear(x2, C, att, w->wo, w->ho, NULL, N, HE, C, true, false));
         if (w->bo) add_rows(x2, w->bo, N, C);
         /* MLP block: out = x2 + swiglu(rmsnorm(x2) w_gate_up^T) w_down^T */
         CT_TRY(ct_rmsnorm_forward(ln2, a->rstd2 + lo, x2, w->norm2, N, C, c->norm_eps));
-        if (w->wup == w->wgu + F * C) {
+        if (!w->hgu.p && !w->hup.p && w->wup == w->wgu + F * C) {
             CT_TRY(ct_linear_forward(gu, ln2, w->wgu, NULL, N, C, 2 * F));
         } else { /* gate and up held apart (weights mapped from a file) */
-            CT_TRY(ct_gemm_f32(false, true, N, F, C, 1.0f, ln2, C, w->wgu, C, 0.0f, gu, 2 * F));
-            CT_TRY(ct_gemm_f32(false, true, N, F, C, 1.0f, ln2, C, w->wup, C, 0.0f, gu + F, 2 * F));
+            CT_TRY(gpt_linear(gu, 2 * F, ln2, w->wgu, w->hgu, NULL, N, C, F, false, false));
+            CT_TRY(gpt_linear(gu + F, 2 * F, ln2, w->wup, w->hup, NULL, N, C, F, false, false));
         }
         CT_TRY(ct_swiglu_forward(h, gu, N, F));
         memcpy(out, x2, (size_t)(N * C) * sizeof(float));
-        CT_TRY(ct_gemm_f32(false, true, N, C, F, 1.0f, h, F, w->wdown, F, 1.0f, out, C));
+        CT_TRY(gpt_linear(out, C, h, w->wdown, w->hdown, NULL, N, F, C, true, false));
     }
     return CT_OK;
 }
@@ -727,6 +728,10 @@ ct_status ct_gpt_forward(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T,
 ct_status gpt_head_loss(ct_gpt *m, int64_t B, int64_t T, float *loss)
 {
     int64_t N = B * T, C = m->cfg.d_model, V = m->cfg.vocab_size;
+    if (m->w.hout.p)
+        return ct_error(CT_EUNSUPPORTED, "ct_gpt_forward: the loss of a model whose head is mapped "
+                                         "in bf16 / f16 is not computed (ct_gpt_logits gives its "
+                                         "logits; ct_hf_load_params loads f32 weights)");
     ct_ce_options o = loss_options(m, false);
     ct_ce_outputs out = {loss, NULL, NULL};
     if (!m->opt.fused_head) {
@@ -752,7 +757,8 @@ ct_status ct_gpt_next_logits(ct_gpt *m, const int32_t *tokens, int64_t T, float 
         m->a.inp[t] = tokens[t];
     }
     CT_TRY(forward_body(m, 1, T));
-    return ct_linear_forward(logits, m->a.lnf + (T - 1) * C, m->w.out, NULL, 1, C, V);
+    return gpt_linear(logits, V, m->a.lnf + (T - 1) * C, m->w.out, m->w.hout, NULL, 1, C, V, false,
+                      false);
 }
 
 ct_status ct_gpt_logits(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T, float *logits)
@@ -774,7 +780,7 @@ ct_status ct_gpt_logits(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T, 
         m->a.inp[i] = tokens[i];
     }
     CT_TRY(forward_body(m, B, T));
-    return ct_linear_forward(logits, m->a.lnf, m->w.out, NULL, B * T, C, V);
+    return gpt_linear(logits, V, m->a.lnf, m->w.out, m->w.hout, NULL, B * T, C, V, false, false);
 }
 
 /* ---- backward ------------------------------------------------------------------------------ */

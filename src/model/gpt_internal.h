@@ -23,15 +23,25 @@ typedef struct gpt_tensor {
  * bounded by the layer cap (a few KB per layer), not by the tensors' sizes. */
 ct_status gpt_tensor_table(const ct_gpt_config *c, gpt_tensor **tensors, int *n);
 
+/* A weight matrix left in a mapped file as bf16 or f16 bits (ct_hf_map_model): p NULL when
+ * the matrix is f32 (its float view is used); otherwise the float view is NULL. Only the
+ * inference paths read these (gpt_linear, gpt_embed); a mapped model never trains. */
+typedef struct gpt_half {
+    const uint16_t *p;
+    ct_dtype dt; /* CT_DTYPE_BF16 or CT_DTYPE_F16 */
+} gpt_half;
+
 /* Views of one layer's tensors inside a flat array (parameters or gradients). */
 typedef struct gpt_layer {
     float *wq, *wk, *wv, *wo, *wgu, *wdown, *norm1, *norm2;
     float *wup;              /* the up rows [F, C]: wgu + F C unless pointed elsewhere */
     float *bq, *bk, *bv, *bo; /* NULL unless qkv_bias / o_bias */
+    gpt_half hq, hk, hv, ho, hgu, hup, hdown; /* mapped bf16 / f16 matrices (p NULL: f32) */
 } gpt_layer;
 
 typedef struct gpt_weights {
     float *emb, *out, *norm; /* out == emb when tied */
+    gpt_half hemb, hout;     /* mapped bf16 / f16 embedding and head (p NULL: f32) */
     gpt_layer *layer;
 } gpt_weights;
 
@@ -67,6 +77,9 @@ struct ct_gpt {
     int64_t bm_T; /* T of the cached causal block mask (0: none cached) */
     float *inv_freq; /* [E / 2] RoPE inverse frequencies (ct_gpt_rope_inv_freq) */
     bool mapped;     /* weight views point into a mapped file (ct_hf_map_params): inference only */
+    float *own;      /* a mapped model without parameter arrays: the tensors converted to f32
+                        (norms, biases, anything misaligned in its file) */
+    size_t own_bytes;
 };
 
 /* Head dim of the model (cfg.head_dim or d_model / n_head). */
@@ -74,6 +87,26 @@ static inline int64_t gpt_E(const ct_gpt *m)
 {
     return ct_gpt_head_dim(&m->cfg);
 }
+
+/* ---- linear layers on mapped bf16 / f16 weights (src/model/gpt_linear.c) -------------------
+ * out[N, V] (row stride ldo) = inp[N, D] W^T (+ out when accumulate) + bias[V] (may be NULL),
+ * for W [V, D] (row stride D): f32 `w` when h.p is NULL (ct_linear_forward / ct_gemm_f32, as
+ * before), else the bf16 / f16 bits h.p. Half weights: gemv (and N <= GPT_GEMV_MAX) reads the
+ * bits directly, row by row (the f32 GEMV's sums, gpt_gemv_f32); otherwise fixed panels of
+ * weight rows are converted into a per-thread scratch (ct_alloc'ed for the call: 1 MiB for
+ * D <= 16384, 4 MiB at most) and multiplied with ct_gemm_f32. Panel sizes depend on D alone:
+ * the same bits for any thread count. gemv: the KV cache's decode (N <= GPT_GEMV_MAX). */
+#define GPT_GEMV_MAX 4
+ct_status gpt_linear(float *out, int64_t ldo, const float *inp, const float *w, gpt_half h,
+                     const float *bias, int64_t N, int64_t D, int64_t V, bool accumulate,
+                     bool gemv);
+/* The f32 GEMV of gpt_linear: out[N, V] (ldo) = inp[N, D] W[V, D]^T (row stride ldw) (+ out),
+ * N <= GPT_GEMV_MAX, rows of W split across threads, 8 partial sums per row in a fixed order. */
+void gpt_gemv_f32(float *out, int64_t ldo, const float *inp, const float *w, int64_t ldw,
+                  int64_t N, int64_t D, int64_t V, bool accumulate);
+/* out[N, D] = table[ids[n]] for int32 ids checked against V, the table f32 (w) or half (h). */
+ct_status gpt_embed(float *out, const int32_t *ids, const float *w, gpt_half h, int64_t N,
+                    int64_t V, int64_t D);
 
 /* ---- building blocks for running the model one block at a time (src/dist) ----------------
  * ct_gpt_forward_backward is exactly: gpt_load_batch, gpt_embed_forward, gpt_block_forward for

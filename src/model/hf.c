@@ -984,33 +984,125 @@ static float **view_slot(ct_gpt *m, const hf_entry *e)
     }
 }
 
-ct_status ct_hf_map_params(const ct_hf_model *h, ct_gpt *m, int *mapped)
+/* The half-precision view of an entry's matrix (NULL for the vectors). */
+static gpt_half *half_slot(ct_gpt *m, const hf_entry *e)
 {
-    if (!h || !m) return ct_error(CT_EINVAL, "ct_hf_map_params: arguments must not be NULL");
-    if (m->mapped)
-        return ct_error(CT_EINVAL, "ct_hf_map_params: the model's weights are already mapped");
-    CT_TRY(same_config(h, m, "ct_hf_map_params"));
+    if (e->kind == K_EMB) return &m->w.hemb;
+    if (e->kind == K_OUT) return &m->w.hout;
+    if (e->layer < 0) return NULL;
+    gpt_layer *L = &m->w.layer[e->layer];
+    switch (e->kind) {
+    case K_Q: return &L->hq;
+    case K_K: return &L->hk;
+    case K_V: return &L->hv;
+    case K_O: return &L->ho;
+    case K_GATE: return &L->hgu;
+    case K_UP: return &L->hup;
+    case K_DOWN: return &L->hdown;
+    default: return NULL;
+    }
+}
+
+/* How a mapped model reads an entry: an f32 view, a bf16 / f16 view (matrices only), or a
+ * copy converted to f32 (the vectors in half precision, and anything misaligned). */
+enum { MAP_F32, MAP_HALF, MAP_COPY };
+
+static int map_how(const hf_entry *e, const ct_tensor_info *in)
+{
+    uintptr_t a = (uintptr_t)in->data;
+    if (in->st_dtype == CT_ST_F32 && a % sizeof(float) == 0) return MAP_F32;
+    if (e->cols && (in->st_dtype == CT_ST_BF16 || in->st_dtype == CT_ST_F16) &&
+        a % sizeof(uint16_t) == 0)
+        return MAP_HALF;
+    return MAP_COPY;
+}
+
+static int64_t entry_numel(const hf_entry *e)
+{
+    return e->rows * (e->cols ? e->cols : 1);
+}
+
+/* Point m's views at the files (m with parameter arrays: copies go there; without: into
+ * m->own, allocated here for exactly what is copied). */
+static ct_status map_into(const ct_hf_model *h, ct_gpt *m, const char *fn, int *mapped)
+{
+    if (m->mapped) return ct_error(CT_EINVAL, "%s: the model's weights are already mapped", fn);
+    CT_TRY(same_config(h, m, fn));
     CT_TRY(check_tied_head(h));
+    if (!m->params) {
+        size_t copied = 0;
+        for (int k = 0; k < h->ne; k++) {
+            ct_tensor_info in;
+            CT_TRY(ct_tensor_file_info(h->files[h->e[k].file], h->e[k].idx, &in));
+            if (map_how(&h->e[k], &in) == MAP_COPY) copied += (size_t)entry_numel(&h->e[k]);
+        }
+        CT_TRY(ct_alloc((void **)&m->own, copied * sizeof(float)));
+        m->own_bytes = copied * sizeof(float);
+    }
     int n = 0;
+    size_t off = 0;
     for (int k = 0; k < h->ne; k++) {
         const hf_entry *e = &h->e[k];
         ct_tensor_info in;
         CT_TRY(ct_tensor_file_info(h->files[e->file], e->idx, &in));
         float **slot = view_slot(m, e);
-        if (in.st_dtype == CT_ST_F32 && ((uintptr_t)in.data % sizeof(float)) == 0) {
+        gpt_half *hs = half_slot(m, e);
+        if (hs) *hs = (gpt_half){NULL, CT_DTYPE_F32};
+        int how = map_how(e, &in);
+        if (how == MAP_F32) {
             *slot = (float *)(uintptr_t)in.data; /* read-only: the model never writes weights */
             n++;
-        } else {
+        } else if (how == MAP_HALF) {
+            *slot = NULL; /* the forward reads the half view */
+            *hs = (gpt_half){(const uint16_t *)in.data,
+                             in.st_dtype == CT_ST_BF16 ? CT_DTYPE_BF16 : CT_DTYPE_F16};
+            n++;
+        } else if (m->params) {
             CT_TRY(copy_entry(h, e, m));
             /* the own buffer: point back at it (gate and up keep their own halves) */
             int t = model_tensor(m, e->ct);
             int64_t cols = m->tensors[t].ndim == 2 ? m->tensors[t].shape[1] : 1;
             *slot = m->params + m->tensors[t].offset + e->row0 * cols;
+        } else {
+            int64_t shape[2] = {e->rows, e->cols};
+            ct_tensor dst;
+            CT_TRY(ct_tensor_wrap(&dst, m->own + off, CT_DTYPE_F32, e->cols ? 2 : 1, shape, NULL));
+            ct_status s = ct_tensor_file_read_into(h->files[e->file], e->idx, &dst);
+            if (s) return ct_error_wrap(s, "%s: tensor '%s'", h->dir, e->hf);
+            *slot = m->own + off;
+            off += (size_t)entry_numel(e);
         }
     }
-    if (m->cfg.tied) m->w.out = m->w.emb;
+    if (m->cfg.tied) {
+        m->w.out = m->w.emb;
+        m->w.hout = m->w.hemb;
+    }
     m->mapped = true;
     if (mapped) *mapped = n;
+    return CT_OK;
+}
+
+ct_status ct_hf_map_params(const ct_hf_model *h, ct_gpt *m, int *mapped)
+{
+    if (!h || !m) return ct_error(CT_EINVAL, "ct_hf_map_params: arguments must not be NULL");
+    if (!m->params)
+        return ct_error(CT_EINVAL, "ct_hf_map_params: the model holds no parameters (sharded)");
+    return map_into(h, m, "ct_hf_map_params", mapped);
+}
+
+ct_status ct_hf_map_model(const ct_hf_model *h, const ct_gpt_options *opt, ct_gpt **out,
+                          int *mapped)
+{
+    if (!h || !out) return ct_error(CT_EINVAL, "ct_hf_map_model: arguments must not be NULL");
+    *out = NULL;
+    ct_gpt *m;
+    CT_TRY(gpt_create(&h->cfg, opt, false, &m));
+    ct_status s = map_into(h, m, "ct_hf_map_model", mapped);
+    if (s) {
+        ct_gpt_free(m);
+        return s;
+    }
+    *out = m;
     return CT_OK;
 }
 
@@ -1153,6 +1245,7 @@ ct_status ct_hf_save(ct_gpt *m, const ct_hf_model *like, const char *dir,
     ct_save_entry *ent = NULL;
     ct_tensor *ts = NULL;
     uint16_t *half = NULL;
+    float *wide = NULL;
     char *text = NULL, *path = NULL;
     const char **order = NULL;
     size_t total = 0;
@@ -1183,13 +1276,43 @@ ct_status ct_hf_save(ct_gpt *m, const ct_hf_model *like, const char *dir,
         int64_t n = tmp.e[k].rows * (tmp.e[k].cols ? tmp.e[k].cols : 1);
         total += (size_t)n;
     }
+    /* a mapped model's bf16 / f16 matrices: written as they are in that dtype, else widened */
+    size_t nwide = 0;
+    for (int k = 0; k < tmp.ne; k++) {
+        const gpt_half *hp = half_slot(m, &tmp.e[k]);
+        if (hp && hp->p && dt == CT_DTYPE_F32) nwide += (size_t)entry_numel(&tmp.e[k]);
+    }
     if (dt != CT_DTYPE_F32 && (s = ct_alloc((void **)&half, total * sizeof(uint16_t)))) goto done;
-    size_t off = 0, bytes_all = 0;
+    if (nwide && (s = ct_alloc((void **)&wide, nwide * sizeof(float)))) goto done;
+    size_t off = 0, woff = 0, bytes_all = 0;
     for (int k = 0; k < tmp.ne; k++) {
         hf_entry *e = &tmp.e[k];
         const float *src = *view_slot(m, e);
+        const gpt_half *hp = half_slot(m, e);
+        gpt_half hv = hp ? *hp : (gpt_half){NULL, CT_DTYPE_F32};
         int64_t n = e->rows * (e->cols ? e->cols : 1), shape[2] = {e->rows, e->cols};
-        if (dt == CT_DTYPE_F32) {
+        if (hv.p && hv.dt == dt) {
+            s = ct_tensor_wrap(&ts[k], (void *)(uintptr_t)hv.p, dt, 2, shape, NULL);
+        } else if (hv.p) {
+            float buf[1024];
+            uint16_t *dst16 = dt == CT_DTYPE_F32 ? NULL : half + off;
+            float *dst32 = dt == CT_DTYPE_F32 ? wide + woff : NULL;
+            for (int64_t i = 0; i < n; i += 1024) {
+                size_t c = (size_t)(n - i < 1024 ? n - i : 1024);
+                float *w = dst32 ? dst32 + i : buf;
+                if (hv.dt == CT_DTYPE_BF16)
+                    ct_convert_bf16_to_f32(w, hv.p + i, c);
+                else
+                    ct_convert_f16_to_f32(w, hv.p + i, c);
+                if (dt == CT_DTYPE_BF16) ct_convert_f32_to_bf16(dst16 + i, w, c);
+                if (dt == CT_DTYPE_F16) ct_convert_f32_to_f16(dst16 + i, w, c);
+            }
+            s = ct_tensor_wrap(&ts[k], dst32 ? (void *)dst32 : (void *)dst16, dt, 2, shape, NULL);
+            if (dst32)
+                woff += (size_t)n;
+            else
+                off += (size_t)n;
+        } else if (dt == CT_DTYPE_F32) {
             s = ct_tensor_wrap(&ts[k], (void *)(uintptr_t)src, CT_DTYPE_F32, e->cols ? 2 : 1, shape,
                                NULL);
         } else {
@@ -1253,6 +1376,7 @@ done:
     ct_free(path);
     ct_free(text);
     ct_free(half);
+    ct_free(wide);
     ct_free(ts);
     ct_free(ent);
     ct_free(tmp.e);

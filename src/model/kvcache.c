@@ -13,7 +13,7 @@
 #include <string.h>
 
 #define CACHE_CHUNK 256
-#define DECODE_MAX 4 /* at most this many new positions per row: the decode paths */
+#define DECODE_MAX GPT_GEMV_MAX /* at most this many new positions per row: the decode paths */
 
 /* The mask of a chunk: query i of the chunk is position past + i; key j is position j. */
 typedef struct cache_mask {
@@ -80,62 +80,16 @@ static void add_rows(float *x, const float *b, int64_t N, int64_t C)
             x[r * C + j] += b[j];
 }
 
-/* ---- linear layers of a few rows (decode) ---------------------------------------------------
- * out[N, V] = inp[N, D] W[V, D]^T (+ beta out) for N <= DECODE_MAX: a GEMV per weight row, 8
- * partial sums (vectorisable) added in a fixed order, the V rows split across threads. A
- * single-row sgemm would re-pack the whole weight matrix on every call. */
-typedef struct gemv_job {
-    float *out;
-    const float *inp, *w;
-    int64_t N, D, V, ldo, ldw;
-    bool accumulate;
-} gemv_job;
-
-#define GEMV_BLOCK 64
-
-static void gemv_rows(void *arg, int64_t b0, int64_t b1, int tid)
-{
-    const gemv_job *j = arg;
-    for (int64_t blk = b0; blk < b1; blk++) {
-        int64_t v1 = (blk + 1) * GEMV_BLOCK < j->V ? (blk + 1) * GEMV_BLOCK : j->V;
-        for (int64_t v = blk * GEMV_BLOCK; v < v1; v++) {
-            const float *w = j->w + v * j->ldw;
-            for (int64_t r = 0; r < j->N; r++) {
-                const float *x = j->inp + r * j->D;
-                float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                int64_t d = 0;
-                for (; d + 8 <= j->D; d += 8)
-                    for (int k = 0; k < 8; k++)
-                        a[k] += x[d + k] * w[d + k];
-                float t = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-                for (; d < j->D; d++)
-                    t += x[d] * w[d];
-                float *o = j->out + r * j->ldo + v;
-                *o = j->accumulate ? *o + t : t;
-            }
-        }
-    }
-}
-
-/* out[N, V] (row stride ldo) = inp W^T (+ out when accumulate); W [V, D] with row stride ldw;
- * bias [V] or NULL added after. Few rows: the GEMV above; more: ct_gemm_f32. */
-static ct_status linear(float *out, int64_t ldo, const float *inp, const float *w, int64_t ldw,
+/* ---- linear layers -------------------------------------------------------------------------
+ * out[N, V] (row stride ldo) = inp W^T (+ out when accumulate) + bias: gpt_linear with its
+ * GEMV for N <= DECODE_MAX (8 partial sums per weight row in a fixed order, rows split across
+ * threads: a single-row sgemm would re-pack the whole weight matrix on every call), reading
+ * bf16 / f16 weights of a mapped model directly; more rows: ct_gemm_f32 (panels of half
+ * weights widened in a bounded scratch). */
+static ct_status linear(float *out, int64_t ldo, const float *inp, const float *w, gpt_half h,
                         const float *bias, int64_t N, int64_t D, int64_t V, bool accumulate)
 {
-    if (N > DECODE_MAX && !accumulate && ldo == V && ldw == D)
-        return ct_linear_forward(out, inp, w, bias, N, D, V); /* as the model's forward */
-    if (N > DECODE_MAX) {
-        CT_TRY(ct_gemm_f32(false, true, N, V, D, 1.0f, inp, D, w, ldw, accumulate ? 1.0f : 0.0f,
-                           out, ldo));
-    } else {
-        gemv_job j = {out, inp, w, N, D, V, ldo, ldw, accumulate};
-        ct_parallel_for((V + GEMV_BLOCK - 1) / GEMV_BLOCK, gemv_rows, &j);
-    }
-    if (bias)
-        for (int64_t r = 0; r < N; r++)
-            for (int64_t v = 0; v < V; v++)
-                out[r * ldo + v] += bias[v];
-    return CT_OK;
+    return gpt_linear(out, ldo, inp, w, h, bias, N, D, V, accumulate, true);
 }
 
 /* ---- attention of a few new positions (decode) ----------------------------------------------
@@ -325,15 +279,15 @@ static ct_status chunk_forward(ct_gpt_cache *c, int64_t n, bool all, float *logi
     ct_mask_mod mm = {mask_tile, mask_block, &c->mask, NULL, docs, false};
     ct_block_mask *bm = NULL;
     if (n > DECODE_MAX || E > DECODE_MAX_E) CT_TRY(ct_block_mask_create(&mm, B, H, n, S, S <= 256 ? 64 : 128, &bm));
-    ct_status s = ct_embedding_forward(c->x, c->tok, CT_DTYPE_I32, m->w.emb, N, V, C);
+    ct_status s = gpt_embed(c->x, c->tok, m->w.emb, m->w.hemb, N, V, C);
     for (int64_t l = 0; !s && l < c->L; l++) {
         const gpt_layer *w = &m->w.layer[l];
         float *kc = c->kc + (size_t)l * (size_t)(B * c->max_len * KE);
         float *vc = c->vc + (size_t)l * (size_t)(B * c->max_len * KE);
         if ((s = ct_rmsnorm_forward(c->ln, c->rstd, c->x, w->norm1, N, C, cfg->norm_eps)) ||
-            (s = linear(c->q, HE, c->ln, w->wq, C, w->bq, N, C, HE, false)) ||
-            (s = linear(c->k, KE, c->ln, w->wk, C, w->bk, N, C, KE, false)) ||
-            (s = linear(c->v, KE, c->ln, w->wv, C, w->bv, N, C, KE, false)) ||
+            (s = linear(c->q, HE, c->ln, w->wq, w->hq, w->bq, N, C, HE, false)) ||
+            (s = linear(c->k, KE, c->ln, w->wk, w->hk, w->bk, N, C, KE, false)) ||
+            (s = linear(c->v, KE, c->ln, w->wv, w->hv, w->bv, N, C, KE, false)) ||
             (s = rope(m, c->q, c->pos, B, n, H)) || (s = rope(m, c->k, c->pos, B, n, K)))
             break;
         for (int64_t b = 0; b < B; b++) {
@@ -353,17 +307,17 @@ static ct_status chunk_forward(ct_gpt_cache *c, int64_t n, bool all, float *logi
             (s = ct_tensor_wrap(&tk, kc, CT_DTYPE_F32, 4, ks, kst)) ||
             (s = ct_tensor_wrap(&tv, vc, CT_DTYPE_F32, 4, ks, kst)) ||
             (bm && (s = ct_flex_attention_forward(&tq, &tk, &tv, bm, NULL, &to, NULL))) ||
-            (s = linear(c->x, C, c->att, w->wo, HE, NULL, N, HE, C, true)))
+            (s = linear(c->x, C, c->att, w->wo, w->ho, NULL, N, HE, C, true)))
             break;
         if (w->bo) add_rows(c->x, w->bo, N, C);
         if ((s = ct_rmsnorm_forward(c->ln, c->rstd, c->x, w->norm2, N, C, cfg->norm_eps)))
             break;
-        if (w->wup == w->wgu + F * C)
-            s = linear(c->gu, 2 * F, c->ln, w->wgu, C, NULL, N, C, 2 * F, false);
-        else if (!(s = linear(c->gu, 2 * F, c->ln, w->wgu, C, NULL, N, C, F, false)))
-            s = linear(c->gu + F, 2 * F, c->ln, w->wup, C, NULL, N, C, F, false); /* held apart */
+        if (!w->hgu.p && !w->hup.p && w->wup == w->wgu + F * C)
+            s = linear(c->gu, 2 * F, c->ln, w->wgu, w->hgu, NULL, N, C, 2 * F, false);
+        else if (!(s = linear(c->gu, 2 * F, c->ln, w->wgu, w->hgu, NULL, N, C, F, false)))
+            s = linear(c->gu + F, 2 * F, c->ln, w->wup, w->hup, NULL, N, C, F, false); /* apart */
         if (s || (s = ct_swiglu_forward(c->hb, c->gu, N, F)) ||
-            (s = linear(c->x, C, c->hb, w->wdown, F, NULL, N, F, C, true)))
+            (s = linear(c->x, C, c->hb, w->wdown, w->hdown, NULL, N, F, C, true)))
             break;
     }
     ct_block_mask_free(bm);
@@ -372,10 +326,10 @@ static ct_status chunk_forward(ct_gpt_cache *c, int64_t n, bool all, float *logi
     for (int64_t b = 0; b < B; b++) {
         if (all)
             CT_TRY(linear(logits + (size_t)(b * ld_rows + row0) * (size_t)V, V,
-                          c->ln + (size_t)(b * n * C), m->w.out, C, NULL, n, C, V, false));
+                          c->ln + (size_t)(b * n * C), m->w.out, m->w.hout, NULL, n, C, V, false));
         else if (logits)
             CT_TRY(linear(logits + (size_t)(b * V), V, c->ln + (size_t)((b * n + n - 1) * C),
-                          m->w.out, C, NULL, 1, C, V, false));
+                          m->w.out, m->w.hout, NULL, 1, C, V, false));
     }
     c->len += n;
     return CT_OK;

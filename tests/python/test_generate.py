@@ -338,8 +338,8 @@ def test_bench_generate_runs():
 
 @pytest.mark.parametrize("name,dtype", [("llama", torch.float32), ("qwen2", torch.bfloat16)])
 def test_hf_directory_generate(tmp_path, name, dtype):
-    # a Hugging Face directory through models.load and the CLI: f32 weights are read in place
-    # from the mapped file, bf16 ones converted (the reference uses the rounded weights)
+    # a Hugging Face directory through models.load and the CLI: the weights are read in place
+    # from the mapped file, in their dtype (the reference uses the rounded weights)
     cfg = CONFIGS[name]
     w = {k: v.to(dtype).float() for k, v in ref.random_weights(cfg, seed=5, std=0.3).items()}
     ref.save_hf(tmp_path / "m", cfg, w, dtype=dtype)
