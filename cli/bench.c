@@ -10,7 +10,7 @@ static const struct {
     bench_fn fn;
     const char *summary;
 } benches[] = {
-    {"gemm", bench_gemm, "sgemm / bf16 GEMM rate vs PyTorch torch.matmul on the same shape"},
+    {"gemm", bench_gemm, "OpenBLAS and ctorch GEMM (f32 / bf16) side by side, vs PyTorch torch.matmul"},
     {"io", bench_io, "safetensors open / read / bf16->f32 / save vs read(), memcpy, write()"},
     {"comm", bench_comm, "all_reduce / all_gather / reduce_scatter bus bandwidth and latency vs MPICH"},
     {"lce", bench_lce, "fused linear cross-entropy vs unfused (ctorch and PyTorch), fwd+bwd"},
@@ -70,58 +70,178 @@ int cmd_bench(int argc, char **argv)
 }
 
 /* ---- gemm ------------------------------------------------------------------------------ */
+/* OpenBLAS and ctorch's GEMM on the same operands, f32 and bf16, interleaved repeat by repeat
+ * (so load changes hit both alike), medians; PyTorch's torch.matmul on the first shape. */
 
 typedef struct {
+    bool ta, tb;
     int64_t m, n, k;
     float *a, *b, *c;
     uint16_t *ab, *bb;
 } gemm_case;
 
-static ct_status run_f32(void *p)
+/* Training shapes of a GPT-2-small layer (D = 768, 512 tokens): forward x W^T, the input
+ * gradient dy W, the weight gradient dy^T x; then skinny and small products. */
+static const struct { const char *what; bool ta, tb; int64_t m, n, k; } gemm_train_shapes[] = {
+    {"qkv forward", false, true, 512, 2304, 768},   {"mlp up forward", false, true, 512, 3072, 768},
+    {"mlp down forward", false, true, 512, 768, 3072}, {"mlp up dinput", false, false, 512, 768, 3072},
+    {"mlp up dweight", true, false, 3072, 768, 512}, {"attn proj forward", false, true, 512, 768, 768},
+    {"decode step", false, true, 1, 2304, 768},     {"8 tokens", false, true, 8, 768, 768},
+    {"head 64", false, true, 64, 64, 64},
+};
+
+static ct_status gemm_run(const gemm_case *g, ct_gemm_impl impl, bool bf)
 {
-    gemm_case *g = p;
-    return ct_gemm_f32(false, false, g->m, g->n, g->k, 1.0f, g->a, 0, g->b, 0, 0.0f, g->c, 0);
+    ct_status s = ct_gemm_set_impl(impl);
+    if (s != CT_OK) return s;
+    int64_t lda = g->ta ? g->m : g->k, ldb = g->tb ? g->k : g->n;
+    if (bf) return ct_gemm_bf16(g->ta, g->tb, g->m, g->n, g->k, 1.0f, g->ab, lda, g->bb, ldb, 0.0f, g->c, 0);
+    return ct_gemm_f32(g->ta, g->tb, g->m, g->n, g->k, 1.0f, g->a, lda, g->b, ldb, 0.0f, g->c, 0);
 }
 
-static ct_status run_bf16(void *p)
+static int cmp_dbl(const void *x, const void *y)
 {
-    gemm_case *g = p;
-    return ct_gemm_bf16(false, false, g->m, g->n, g->k, 1.0f, g->ab, 0, g->bb, 0, 0.0f, g->c, 0);
+    double a = *(const double *)x, b = *(const double *)y;
+    return a < b ? -1 : a > b;
 }
+
+#define GEMM_VARIANTS 4 /* openblas f32, ctorch f32, openblas bf16, ctorch bf16 */
+
+/* Times the four variants interleaved; t[v] gets the medians (0 where a variant cannot run). */
+static ct_status gemm_time(gemm_case *g, int repeats, bench_time t[GEMM_VARIANTS], bool have_blas)
+{
+    double x[GEMM_VARIANTS][64];
+    if (repeats > 64) repeats = 64;
+    for (int r = -1; r < repeats; r++) /* r = -1: warm-up */
+        for (int v = 0; v < GEMM_VARIANTS; v++) {
+            if (!(v & 1) && !have_blas) continue;
+            double t0 = bench_now();
+            ct_status s = gemm_run(g, v & 1 ? CT_GEMM_CTORCH : CT_GEMM_OPENBLAS, v >= 2);
+            if (s != CT_OK) return s;
+            if (r >= 0) x[v][r] = bench_now() - t0;
+        }
+    for (int v = 0; v < GEMM_VARIANTS; v++) {
+        memset(&t[v], 0, sizeof t[v]);
+        if (!(v & 1) && !have_blas) continue;
+        qsort(x[v], (size_t)repeats, sizeof x[v][0], cmp_dbl);
+        t[v].repeats = repeats;
+        t[v].min = x[v][0];
+        t[v].max = x[v][repeats - 1];
+        t[v].median = repeats % 2 ? x[v][repeats / 2] : 0.5 * (x[v][repeats / 2 - 1] + x[v][repeats / 2]);
+    }
+    return ct_gemm_set_impl(CT_GEMM_AUTO);
+}
+
+static ct_status gemm_alloc(gemm_case *g)
+{
+    size_t na = (size_t)(g->m * g->k), nb = (size_t)(g->k * g->n);
+    ct_status s;
+    if ((s = ct_alloc((void **)&g->a, na * 4)) || (s = ct_alloc((void **)&g->b, nb * 4)) ||
+        (s = ct_alloc((void **)&g->c, (size_t)(g->m * g->n) * 4)) || (s = ct_alloc((void **)&g->ab, na * 2)) ||
+        (s = ct_alloc((void **)&g->bb, nb * 2)))
+        return s;
+    bench_fill(g->a, na, 1, 1.0f);
+    bench_fill(g->b, nb, 2, 1.0f);
+    ct_convert_f32_to_bf16(g->ab, g->a, na);
+    ct_convert_f32_to_bf16(g->bb, g->b, nb);
+    return CT_OK;
+}
+
+static void gemm_release(gemm_case *g)
+{
+    ct_free(g->a), ct_free(g->b), ct_free(g->c), ct_free(g->ab), ct_free(g->bb);
+    g->a = g->b = g->c = NULL;
+    g->ab = g->bb = NULL;
+}
+
+static const char *const gemm_vnames[GEMM_VARIANTS] = {"openblas_f32", "ctorch_f32", "openblas_bf16",
+                                                       "ctorch_bf16"};
 
 int bench_gemm(bench_ctx *b, int argc, char **argv)
 {
     long long m = 2048, n = 2048, k = 2048;
+    bool train = false;
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (!strcmp(argv[i], "--help")) {
-            puts("usage: ctorch bench gemm [--m M] [--n N] [--k K] [--json]\n"
-                 "Times C[M,N] = A[M,K] B[K,N] in f32 (OpenBLAS sgemm) and bf16 (blocked conversion),\n"
-                 "and PyTorch's torch.matmul on the same shape (bench/torch_baseline.py).");
+            puts("usage: ctorch bench gemm [--m M] [--n N] [--k K] [--train] [--json]\n"
+                 "Times C[M,N] = A[M,K] B[K,N] with OpenBLAS (ctorch's deterministic blocks) and with\n"
+                 "ctorch's own GEMM, f32 and bf16 operands, interleaved in the same run (medians), and\n"
+                 "PyTorch's torch.matmul on the same shape (bench/torch_baseline.py). --train adds the\n"
+                 "training shapes of a GPT-2-small layer and small / skinny products. GFLOP/s and the\n"
+                 "fraction of the FMA bound (threads x the 1-core FMA loop measured in the same run).");
             return 0;
         }
         if (cli_opt(argc, argv, &i, "--m", &v)) { if (!cli_int("--m", v, 1, 1 << 16, &m)) return 2; }
         else if (cli_opt(argc, argv, &i, "--n", &v)) { if (!cli_int("--n", v, 1, 1 << 16, &n)) return 2; }
         else if (cli_opt(argc, argv, &i, "--k", &v)) { if (!cli_int("--k", v, 1, 1 << 16, &k)) return 2; }
+        else if (!strcmp(argv[i], "--train")) train = true;
         else {
             fprintf(stderr, "ctorch bench gemm: unknown option '%s'\n", argv[i]);
             return 2;
         }
     }
-    gemm_case g = {m, n, k, NULL, NULL, NULL, NULL, NULL};
-    ct_status s;
-    if ((s = ct_alloc((void **)&g.a, (size_t)(m * k) * 4)) || (s = ct_alloc((void **)&g.b, (size_t)(k * n) * 4)) ||
-        (s = ct_alloc((void **)&g.c, (size_t)(m * n) * 4)) || (s = ct_alloc((void **)&g.ab, (size_t)(m * k) * 2)) ||
-        (s = ct_alloc((void **)&g.bb, (size_t)(k * n) * 2)))
-        return cli_fail("bench gemm", s);
-    bench_fill(g.a, (size_t)(m * k), 1, 1.0f);
-    bench_fill(g.b, (size_t)(k * n), 2, 1.0f);
-    ct_convert_f32_to_bf16(g.ab, g.a, (size_t)(m * k));
-    ct_convert_f32_to_bf16(g.bb, g.b, (size_t)(k * n));
-    double flops = 2.0 * m * n * k;
-    bench_time tf, tb;
-    if ((s = bench_time_fn(b->repeats, run_f32, &g, &tf)) || (s = bench_time_fn(b->repeats, run_bf16, &g, &tb)))
-        return cli_fail("bench gemm", s);
+    ct_gemm_impl dflt;
+    ct_status s = ct_gemm_select(m, n, k, &dflt);
+    if (s != CT_OK) return cli_fail("bench gemm", s);
+    bool have_blas = ct_gemm_set_impl(CT_GEMM_OPENBLAS) == CT_OK;
+    ct_clear_error();
+    ct_gemm_set_impl(CT_GEMM_AUTO);
+    double fma1 = bench_fma_gflops_1core(b->repeats);
+    double bound = fma1 * ct_num_threads();
+    size_t nshapes = 1 + (train ? sizeof gemm_train_shapes / sizeof gemm_train_shapes[0] : 0);
+    json_t *rows = json_array();
+    double first[GEMM_VARIANTS] = {0};
+    if (!b->json) {
+        printf("gemm, %d threads, %s, %s; FMA bound %.1f GFLOP/s (%d x %.1f, 1-core FMA loop now)\n",
+               ct_num_threads(), ct_isa_name(ct_active_isa()), ct_gemm_describe(), bound, ct_num_threads(), fma1);
+        printf("  %-18s %5s %5s %5s %2s %2s | %-13s %-13s | %-13s %-13s | GFLOP/s (fraction of bound)\n", "shape", "M",
+               "N", "K", "tA", "tB", "openblas f32", "ctorch f32", "openblas bf16", "ctorch bf16");
+    }
+    for (size_t si = 0; si < nshapes; si++) {
+        gemm_case g = {false, false, m, n, k, NULL, NULL, NULL, NULL, NULL};
+        const char *what = "square";
+        if (si > 0) {
+            what = gemm_train_shapes[si - 1].what;
+            g.ta = gemm_train_shapes[si - 1].ta, g.tb = gemm_train_shapes[si - 1].tb;
+            g.m = gemm_train_shapes[si - 1].m, g.n = gemm_train_shapes[si - 1].n, g.k = gemm_train_shapes[si - 1].k;
+        }
+        bench_time t[GEMM_VARIANTS];
+        if ((s = gemm_alloc(&g)) || (s = gemm_time(&g, b->repeats, t, have_blas))) {
+            gemm_release(&g);
+            json_decref(rows);
+            ct_gemm_set_impl(CT_GEMM_AUTO);
+            return cli_fail("bench gemm", s);
+        }
+        double flops = 2.0 * (double)g.m * (double)g.n * (double)g.k;
+        ct_gemm_impl rule;
+        ct_gemm_select(g.m, g.n, g.k, &rule);
+        json_t *row = json_pack("{s:s, s:I, s:I, s:I, s:b, s:b, s:s}", "shape", what, "m", (json_int_t)g.m, "n",
+                                (json_int_t)g.n, "k", (json_int_t)g.k, "trans_a", g.ta, "trans_b", g.tb, "default",
+                                rule == CT_GEMM_CTORCH ? "ctorch" : "openblas");
+        if (!b->json)
+            printf("  %-18s %5lld %5lld %5lld %2d %2d |", what, (long long)g.m, (long long)g.n, (long long)g.k, g.ta,
+                   g.tb);
+        double gf[GEMM_VARIANTS] = {0};
+        for (int v = 0; v < GEMM_VARIANTS; v++) {
+            if (t[v].median <= 0) {
+                json_object_set_new(row, gemm_vnames[v], json_pack("{s:s}", "status", "OpenBLAS not loaded"));
+                if (!b->json) printf(" %-13s", "n/a");
+                continue;
+            }
+            gf[v] = flops / t[v].median * 1e-9;
+            json_t *o = json_pack("{s:o, s:f}", "time", bench_time_json(&t[v]), "gflops", gf[v]);
+            if (bound > 0) json_object_set_new(o, "fraction_of_fma", json_real(gf[v] / bound));
+            json_object_set_new(row, gemm_vnames[v], o);
+            if (!b->json) printf(" %6.1f (%.2f)%s", gf[v], bound > 0 ? gf[v] / bound : 0, v == 1 ? " |" : "");
+        }
+        if (gf[0] > 0) json_object_set_new(row, "ratio_ctorch_vs_openblas_f32", json_real(gf[1] / gf[0]));
+        if (gf[2] > 0) json_object_set_new(row, "ratio_ctorch_vs_openblas_bf16", json_real(gf[3] / gf[2]));
+        if (!b->json) printf("  ctorch/openblas f32 %.2f\n", gf[0] > 0 ? gf[1] / gf[0] : 0);
+        if (si == 0) memcpy(first, gf, sizeof first);
+        json_array_append_new(rows, row);
+        gemm_release(&g);
+    }
     char sm[32], sn[32], sk[32], sr[32];
     snprintf(sm, sizeof sm, "%lld", m);
     snprintf(sn, sizeof sn, "%lld", n);
@@ -129,32 +249,21 @@ int bench_gemm(bench_ctx *b, int argc, char **argv)
     snprintf(sr, sizeof sr, "%d", b->repeats);
     char *pa[] = {"gemm", "--m", sm, "--n", sn, "--k", sk, "--repeats", sr, NULL};
     json_t *torch = bench_python("torch_baseline.py", pa);
-    double f32g = flops / tf.median * 1e-9, bfg = flops / tb.median * 1e-9;
     json_t *tg = json_object_get(torch, "gflops");
     double torchg = tg ? json_real_value(tg) : 0;
-    json_t *j = json_pack("{s:s, s:{s:I, s:I, s:I}, s:o, s:{s:o, s:f}, s:{s:o, s:f}, s:o}", "bench", "gemm", "shape",
-                          "m", (json_int_t)m, "n", (json_int_t)n, "k", (json_int_t)k, "machine",
-                          bench_machine_json(f32g), "ctorch_f32", "time", bench_time_json(&tf), "gflops", f32g,
-                          "ctorch_bf16", "time", bench_time_json(&tb), "gflops", bfg, "torch_f32", torch);
-    if (torchg > 0) json_object_set_new(j, "ratio_ctorch_vs_torch", json_real(f32g / torchg));
+    double best = first[0] > first[1] ? first[0] : first[1];
+    json_t *j = json_pack("{s:s, s:o, s:s, s:{s:f, s:f}, s:o, s:o}", "bench", "gemm", "machine",
+                          bench_machine_json(best), "gemm_default", ct_gemm_describe(), "fma_bound",
+                          "gflops_1core", fma1, "gflops", bound, "shapes", rows, "torch_f32", torch);
+    if (torchg > 0) json_object_set_new(j, "ratio_best_vs_torch", json_real(best / torchg));
     if (b->json) {
         bench_print_json(j);
+    } else if (torchg > 0) {
+        printf("  torch.matmul (f32) %lldx%lldx%lld: %.1f GFLOP/s (best ctorch path / torch = %.2f)\n", m, n, k,
+               torchg, best / torchg);
     } else {
-        printf("gemm M=%lld N=%lld K=%lld, %d threads, %s\n", m, n, k, ct_num_threads(), ct_isa_name(ct_active_isa()));
-        printf("  %-22s %10s %10s\n", "", "median s", "GFLOP/s");
-        printf("  %-22s %10.4f %10.1f\n", "ctorch sgemm (f32)", tf.median, f32g);
-        printf("  %-22s %10.4f %10.1f\n", "ctorch bf16 -> f32", tb.median, bfg);
-        if (torchg > 0)
-            printf("  %-22s %10.4f %10.1f   (ctorch / torch = %.2f)\n", "torch.matmul (f32)",
-                   json_real_value(json_object_get(torch, "median_s")), torchg, f32g / torchg);
-        else
-            printf("  %-22s %s\n", "torch.matmul (f32)", json_string_value(json_object_get(torch, "status")));
+        printf("  torch.matmul (f32): %s\n", json_string_value(json_object_get(torch, "status")));
     }
     json_decref(j);
-    ct_free(g.a);
-    ct_free(g.b);
-    ct_free(g.c);
-    ct_free(g.ab);
-    ct_free(g.bb);
     return 0;
 }

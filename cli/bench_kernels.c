@@ -289,3 +289,10 @@ int bench_kernels(bench_ctx *b, int argc, char **argv)
     ct_set_num_threads(old_threads);
     return rc;
 }
+
+/* The 1-core FMA-loop GFLOP/s of the best instruction set (for `ctorch bench gemm`). */
+double bench_fma_gflops_1core(int repeats)
+{
+    ct_isa best = ct_cpu_has_isa(CT_ISA_AVX512) ? CT_ISA_AVX512 : ct_cpu_has_isa(CT_ISA_AVX2) ? CT_ISA_AVX2 : CT_ISA_SCALAR;
+    return best == CT_ISA_SCALAR ? 0 : fma_gflops(best, repeats);
+}

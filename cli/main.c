@@ -66,6 +66,10 @@ int main(int argc, char **argv)
     }
     ct_status isa_st = ct_isa_env_status(); /* a forced instruction set this CPU lacks */
     if (isa_st != CT_OK) return cli_fail("CT_FORCE_ISA", isa_st);
+    const char *gemm_env = getenv("CT_GEMM"); /* an unknown CT_GEMM, or OpenBLAS forced and missing */
+    ct_gemm_impl gemm_impl;
+    ct_status gemm_st = gemm_env && gemm_env[0] ? ct_gemm_select(1, 1, 1, &gemm_impl) : CT_OK;
+    if (gemm_st != CT_OK) return cli_fail("CT_GEMM", gemm_st);
     if (!strcmp(argv[1], "--version")) return cmd_version(argc - 1, argv + 1);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
@@ -76,7 +80,8 @@ int main(int argc, char **argv)
 
 int cmd_version(int argc, char **argv)
 {
-    printf("ctorch %s (%s, %d threads)\n", ct_version(), ct_isa_name(ct_active_isa()), ct_num_threads());
+    printf("ctorch %s (%s, %d threads, gemm: %s)\n", ct_version(), ct_isa_name(ct_active_isa()), ct_num_threads(),
+           ct_gemm_describe());
     return 0;
 }
 

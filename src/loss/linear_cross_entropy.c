@@ -120,9 +120,17 @@ static ct_status lce_setup(lce *c, const char *fn, const ct_lce_inputs *in, cons
     bool ok = false;
     /* First reserve the dh GEMM's partial sums per row; small budgets (small tiles, where
      * no GEMM splits K) go without the reservation. */
-    for (int pass = 0; pass < 2 && !ok; pass++)
-        ok = tiling_for(&t, N, D, V, c->bf16, budget, pass ? 0 : CT_GEMM_SCRATCH_PER_ROW(D)) &&
-             tiling_bytes(&t, D, c->bf16) + tiling_gemm_bytes(&t, D, c->bf16) <= budget;
+    for (int pass = 0; pass < 2 && !ok; pass++) {
+        /* ctorch's GEMM packs panels that grow with the tile: shrink the tiles' share of the
+         * budget by what the GEMMs overshoot, a few times */
+        size_t share = budget;
+        for (int shrink = 0; shrink < 16 && !ok; shrink++) {
+            if (!tiling_for(&t, N, D, V, c->bf16, share, pass ? 0 : CT_GEMM_SCRATCH_PER_ROW(D))) break;
+            size_t need = tiling_bytes(&t, D, c->bf16) + tiling_gemm_bytes(&t, D, c->bf16);
+            ok = need <= budget;
+            if (!ok) share = need - budget < share / 2 ? share - (need - budget) : share / 2;
+        }
+    }
     if (!ok) {
         lce_tiling m = {N < 32 ? N : 32, V < 8 ? V : 8, c->bf16 ? (V < 8 ? V : 8) : 0};
         return ct_error(CT_EINVAL, "%s: scratch_bytes = %zu is too small for D = %lld; give at least %zu", fn,

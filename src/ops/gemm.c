@@ -1,7 +1,10 @@
-/* GEMM through CBLAS (OpenBLAS), made deterministic. A multi-threaded OpenBLAS call does
- * not give the same bits for 1 and 2 threads (it picks kernels and splits by thread count),
- * so OpenBLAS runs single-threaded and ctorch cuts the product into blocks whose layout
- * depends on the shape alone; the pool's threads take the blocks. Two layouts:
+/* GEMM: the public entry points, their checks, the choice between the two GEMMs, and both
+ * drivers.
+ *
+ * 1. OpenBLAS, made deterministic. A multi-threaded OpenBLAS call does not give the same
+ * bits for 1 and 2 threads (it picks kernels and splits by thread count), so OpenBLAS runs
+ * single-threaded and ctorch cuts the product into blocks whose layout depends on the shape
+ * alone; the pool's threads take the blocks. Two layouts:
  *   - C split into a grid of about GEMM_BLOCKS tiles (rows and columns cut in proportion
  *     to M and N, so that re-packing the shared operand stays cheap), each tile one sgemm
  *     over the whole K;
@@ -9,18 +12,31 @@
  *     K is cut into GEMM_BLOCKS slices, each slice's product goes to its own partial buffer,
  *     and the partials are added in slice order. Splitting C there would re-pack the huge
  *     operand once per tile.
- * Every output element is computed by the same calls in the same order for any thread count. */
+ * Every output element is computed by the same calls in the same order for any thread count.
+ *
+ * 2. ctorch's own packed GEMM (own_*), micro-kernels per ISA behind gemm_kernels.h: C rows in
+ * chunks of OWN_MCHUNK, C columns in blocks of the table's NC, K in CT_GEMM_KC slices in
+ * ascending order; each (rows, columns, slice) step packs its A rows and B columns into
+ * strips (threads split the strips), then the threads split the C tiles (MC rows x a group
+ * of NR strips) among themselves. Each C element is written by one kernel call per slice,
+ * so its bits never depend on the thread count or the split (see gemm_kernels.h). */
 #include "core/internal.h"
 #include "ctorch/ops.h"
 
 #include "ops/blas.h"
 #include "ops/gemm.h"
+#include "ops/gemm_kernels.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define GEMM_BLOCK 256          /* rows of a bf16 operand converted at a time */
 #define GEMM_BLOCKS 8           /* blocks per product (enough for 8 threads) */
 #define GEMM_MIN_TILE 256       /* smallest tile side worth a split */
 #define GEMM_KSPLIT_MAX_C (1 << 20) /* K-split only for C of at most this many elements */
+#define OWN_STACK_FLOATS 4096       /* ctorch's GEMM packs up to 16 KiB of panels on the stack */
 
 typedef struct {
     bool ta, tb;
@@ -81,12 +97,23 @@ static void gemm_sum(void *arg, int64_t r0, int64_t r1, int tid)
     }
 }
 
+static size_t own_scratch(int64_t M, int64_t N, int64_t K, size_t *abytes, size_t *bbytes);
+
 size_t ct_gemm_scratch_bytes(int64_t M, int64_t N, int64_t K)
 {
+    size_t own = 0, blas = 0, a, b;
+    if (M > 0 && N > 0 && K > 0) own = own_scratch(M, N, K, &a, &b);
+    if (own <= OWN_STACK_FLOATS * sizeof(float)) own = 0; /* packed on the stack */
     int64_t big = M > N ? M : N;
     if (K >= 4 * big && K >= GEMM_BLOCKS * GEMM_MIN_TILE && M * N <= GEMM_KSPLIT_MAX_C)
-        return (size_t)(GEMM_BLOCKS * M * N) * sizeof(float);
-    return 0;
+        blas = (size_t)(GEMM_BLOCKS * M * N) * sizeof(float);
+    ct_gemm_impl impl;
+    ct_status st = ct_gemm_select(M, N, K, &impl);
+    if (st != CT_OK) { /* the GEMM will fail; plan for either */
+        ct_clear_error();
+        return blas > own ? blas : own;
+    }
+    return impl == CT_GEMM_CTORCH ? own : blas;
 }
 
 static ct_status gemm_check(const char *fn, int64_t M, int64_t N, int64_t K, const void *A,
@@ -102,20 +129,11 @@ static ct_status gemm_check(const char *fn, int64_t M, int64_t N, int64_t K, con
     return CT_OK;
 }
 
-ct_status ct_gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                      const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                      float *C, int64_t ldc)
+/* The OpenBLAS path of ct_gemm_f32 (arguments checked, M, N, K > 0, strides resolved). */
+static ct_status blas_gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                               const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                               int64_t ldc)
 {
-    CT_TRY(gemm_check("ct_gemm_f32", M, N, K, A, B, C));
-    if (M == 0 || N == 0) return CT_OK;
-    if (!lda) lda = trans_a ? M : K;
-    if (!ldb) ldb = trans_b ? K : N;
-    if (!ldc) ldc = N;
-    if (K == 0) {
-        for (int64_t i = 0; i < M; i++)
-            for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
-        return CT_OK;
-    }
     if (lda > INT32_MAX || ldb > INT32_MAX || ldc > INT32_MAX)
         return ct_error(CT_EINVAL, "ct_gemm_f32: leading dimensions must fit in 32 bits for CBLAS");
     gemm_job j = {trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 1, 0, NULL, NULL};
@@ -145,15 +163,11 @@ static void bf16_block(float *dst, const uint16_t *src, int64_t rows, int64_t co
     for (int64_t r = 0; r < rows; r++) ct_convert_bf16_to_f32(dst + r * cols, src + r * ld, (size_t)cols);
 }
 
-ct_status ct_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                       const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
-                       float *C, int64_t ldc)
+/* The OpenBLAS path of ct_gemm_bf16 (arguments checked, M, N, K > 0, strides resolved). */
+static ct_status blas_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                                const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
+                                float *C, int64_t ldc)
 {
-    CT_TRY(gemm_check("ct_gemm_bf16", M, N, K, A, B, C));
-    if (M == 0 || N == 0) return CT_OK;
-    if (!lda) lda = trans_a ? M : K;
-    if (!ldb) ldb = trans_b ? K : N;
-    if (!ldc) ldc = N;
     /* B is converted whole (it is the shared operand); A in blocks of GEMM_BLOCK rows of C.
      * Scratch: K*N + GEMM_BLOCK*K floats, tracked by the allocator. */
     int64_t brows = trans_b ? N : K, bcols = trans_b ? K : N;
@@ -175,12 +189,321 @@ ct_status ct_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
             for (int64_t k = 0; k < K; k++) ct_convert_bf16_to_f32(af + k * mb, A + k * lda + m0, (size_t)mb);
         else
             bf16_block(af, A + m0 * lda, mb, K, lda);
-        s = ct_gemm_f32(trans_a, trans_b, mb, N, K, alpha, af, trans_a ? mb : K, bf, bcols, beta,
-                        C + m0 * ldc, ldc);
+        s = blas_gemm_f32(trans_a, trans_b, mb, N, K, alpha, af, trans_a ? mb : K, bf, bcols, beta,
+                          C + m0 * ldc, ldc);
     }
     ct_free(af);
     ct_free(bf);
     return s;
+}
+
+/* ---- ctorch's packed GEMM ---------------------------------------------------------------- */
+
+#define OWN_MCHUNK_BLOCKS 8      /* C rows per chunk: this many MC blocks */
+#define OWN_SERIAL_FLOPS 4000000 /* below this many flops one thread runs the whole product */
+#define OWN_TASKS_PER_THREAD 4   /* C tiles per thread and step, for balance */
+
+#if defined(__x86_64__)
+#define GEMM_AVX2 &ct_gemm_avx2
+#if defined(CT_HAVE_AVX512_KERNELS)
+#define GEMM_AVX512 &ct_gemm_avx512
+#else
+#define GEMM_AVX512 &ct_gemm_avx2
+#endif
+#else
+#define GEMM_AVX2 &ct_gemm_scalar
+#define GEMM_AVX512 &ct_gemm_scalar
+#endif
+
+/* neon / sve bodies are not written yet: they use the scalar kernel. */
+const ct_gemm_kernels *const ct_gemm_tables[CT_ISA_COUNT] = {
+    [CT_ISA_SCALAR] = &ct_gemm_scalar, [CT_ISA_AVX2] = GEMM_AVX2, [CT_ISA_AVX512] = GEMM_AVX512,
+    [CT_ISA_NEON] = &ct_gemm_scalar,   [CT_ISA_SVE] = &ct_gemm_scalar,
+};
+
+typedef struct {
+    const ct_gemm_kernels *kt;
+    bool ta, tb, bf;
+    float alpha, beta;
+    const unsigned char *A, *B; /* element (0, 0) of op(A) / op(B) */
+    int64_t lda, ldb, ldc;
+    float *C;
+    /* the current step: rows [i0, i0 + mb), columns [j0, j0 + nb), k [k0, k0 + kb) */
+    int64_t i0, mb, j0, nb, k0, kb;
+    float beta_step; /* beta for the first slice, 1 after */
+    float *ap, *bp;  /* packed strips */
+    int64_t sa, sb;  /* strip counts */
+    int64_t nic, njg, spg; /* C tiles: MC row blocks x groups of spg B strips */
+} own_job;
+
+static const unsigned char *own_at(const unsigned char *X, bool t, int64_t ld, int64_t r, int64_t c, size_t es)
+{ /* element (r, c) of op(X): X is [rows, ld] (t: op(X) = X^T) */
+    return X + (size_t)(t ? c * ld + r : r * ld + c) * es;
+}
+
+static void own_pack(void *arg, int64_t s0, int64_t s1, int tid)
+{
+    (void)tid;
+    const own_job *j = arg;
+    size_t es = j->bf ? 2 : 4;
+    int64_t a1 = s1 < j->sa ? s1 : j->sa;
+    if (s0 < a1)
+        j->kt->pack_a(j->ap, own_at(j->A, j->ta, j->lda, j->i0, j->k0, es), j->lda, j->ta, j->bf, j->mb, j->kb,
+                      j->kt->mr, s0, a1);
+    int64_t b0 = s0 > j->sa ? s0 - j->sa : 0, b1 = s1 - j->sa;
+    if (b0 < b1)
+        j->kt->pack_b(j->bp, own_at(j->B, j->tb, j->ldb, j->k0, j->j0, es), j->ldb, j->tb, j->bf, j->kb, j->nb,
+                      j->kt->nr, b0, b1);
+}
+
+static void own_tiles(void *arg, int64_t t0, int64_t t1, int tid)
+{
+    (void)tid;
+    const own_job *j = arg;
+    const ct_gemm_kernels *kt = j->kt;
+    int mr = kt->mr, nr = kt->nr;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t ic = t / j->njg, g = t % j->njg;
+        int64_t r0 = ic * kt->mc, r1 = r0 + kt->mc < j->mb ? r0 + kt->mc : j->mb;
+        int64_t s0 = g * j->spg, s1 = s0 + j->spg < j->sb ? s0 + j->spg : j->sb;
+        for (int64_t sj = s0; sj < s1; sj++) {
+            const float *bp = j->bp + sj * j->kb * nr;
+            int64_t c0 = sj * nr, nn = j->nb - c0 < nr ? j->nb - c0 : nr;
+            for (int64_t r = r0; r < r1; r += mr) {
+                int64_t mm = j->mb - r < mr ? j->mb - r : mr;
+                float *c = j->C + (j->i0 + r) * j->ldc + j->j0 + c0;
+                kt->kernel(j->kb, j->ap + (r / mr) * j->kb * mr, bp, c, j->ldc, (int)mm, (int)nn, j->alpha,
+                           j->beta_step);
+            }
+        }
+    }
+}
+
+/* The packed panels of one step (M, N, K > 0): bounded by the blocking, not the shape, at
+ * most (8 MC + NC) * KC floats. */
+static size_t own_scratch(int64_t M, int64_t N, int64_t K, size_t *abytes, size_t *bbytes)
+{
+    const ct_gemm_kernels *kt = CT_KERNELS(ct_gemm_tables);
+    int64_t mchunk = (int64_t)kt->mc * OWN_MCHUNK_BLOCKS;
+    int64_t mrows = M < mchunk ? M : mchunk, ncols = N < kt->nc ? N : kt->nc, kmax = K < CT_GEMM_KC ? K : CT_GEMM_KC;
+    int64_t sa_max = (mrows + kt->mr - 1) / kt->mr, sb_max = (ncols + kt->nr - 1) / kt->nr;
+    *abytes = (size_t)(sa_max * kt->mr * kmax) * sizeof(float);
+    *bbytes = (size_t)(sb_max * kt->nr * kmax) * sizeof(float);
+    return *abytes + *bbytes;
+}
+
+/* C = alpha op(A) op(B) + beta C with M, N, K > 0, strides resolved; A / B f32 or bf16. */
+static ct_status own_gemm(bool ta, bool tb, bool bf, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                          int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc)
+{
+    const ct_gemm_kernels *kt = CT_KERNELS(ct_gemm_tables);
+    int64_t mchunk = (int64_t)kt->mc * OWN_MCHUNK_BLOCKS;
+    size_t abytes, bbytes;
+    own_scratch(M, N, K, &abytes, &bbytes);
+    own_job j = {.kt = kt, .ta = ta, .tb = tb, .bf = bf, .alpha = alpha, .A = A, .B = B, .lda = lda, .ldb = ldb,
+                 .ldc = ldc, .C = C};
+    _Alignas(64) float small[OWN_STACK_FLOATS]; /* small products pack on the stack */
+    bool heap = abytes + bbytes > sizeof small;
+    if (heap) {
+        CT_TRY(ct_alloc((void **)&j.ap, abytes));
+        ct_status s = ct_alloc((void **)&j.bp, bbytes);
+        if (s != CT_OK) {
+            ct_free(j.ap);
+            return s;
+        }
+    } else {
+        j.ap = small;
+        j.bp = small + abytes / sizeof(float);
+    }
+    bool serial = 2.0 * (double)M * (double)N * (double)K < OWN_SERIAL_FLOPS;
+    int T = serial ? 1 : ct_num_threads();
+    for (j.i0 = 0; j.i0 < M; j.i0 += mchunk) {
+        j.mb = M - j.i0 < mchunk ? M - j.i0 : mchunk;
+        j.sa = (j.mb + kt->mr - 1) / kt->mr;
+        j.nic = (j.mb + kt->mc - 1) / kt->mc;
+        for (j.j0 = 0; j.j0 < N; j.j0 += kt->nc) {
+            j.nb = N - j.j0 < kt->nc ? N - j.j0 : kt->nc;
+            j.sb = (j.nb + kt->nr - 1) / kt->nr;
+            /* the tile split (any split gives the same bits): enough tiles for the threads */
+            int64_t want = (int64_t)T * OWN_TASKS_PER_THREAD;
+            j.njg = j.nic >= want ? 1 : (want + j.nic - 1) / j.nic;
+            if (j.njg > j.sb) j.njg = j.sb;
+            j.spg = (j.sb + j.njg - 1) / j.njg;
+            j.njg = (j.sb + j.spg - 1) / j.spg;
+            for (j.k0 = 0; j.k0 < K; j.k0 += CT_GEMM_KC) {
+                j.kb = K - j.k0 < CT_GEMM_KC ? K - j.k0 : CT_GEMM_KC;
+                j.beta_step = j.k0 == 0 ? beta : 1.0f;
+                if (serial) {
+                    own_pack(&j, 0, j.sa + j.sb, 0);
+                    own_tiles(&j, 0, j.nic * j.njg, 0);
+                } else {
+                    ct_parallel_for(j.sa + j.sb, own_pack, &j);
+                    ct_parallel_for(j.nic * j.njg, own_tiles, &j);
+                }
+            }
+        }
+    }
+    if (heap) {
+        ct_free(j.bp);
+        ct_free(j.ap);
+    }
+    return CT_OK;
+}
+
+/* ---- which GEMM runs ---------------------------------------------------------------------- */
+
+static pthread_once_t sel_once = PTHREAD_ONCE_INIT;
+static ct_gemm_impl sel_env = CT_GEMM_AUTO; /* CT_GEMM */
+static ct_status sel_env_status = CT_OK;
+static char sel_env_msg[160];
+static ct_gemm_impl sel_forced = CT_GEMM_AUTO; /* ct_gemm_set_impl */
+static bool sel_blas_ok;
+static char sel_blas_msg[400];
+static int sel_logged;
+
+static void sel_init(void)
+{
+    const char *v = getenv("CT_GEMM");
+    if (v && v[0]) {
+        if (!strcmp(v, "openblas")) sel_env = CT_GEMM_OPENBLAS;
+        else if (!strcmp(v, "ctorch")) sel_env = CT_GEMM_CTORCH;
+        else {
+            sel_env_status = CT_EINVAL;
+            snprintf(sel_env_msg, sizeof sel_env_msg, "CT_GEMM=%.60s: expected openblas or ctorch", v);
+        }
+    }
+    ct_sgemm_fn f;
+    sel_blas_ok = ct_blas_sgemm(&f) == CT_OK;
+    if (!sel_blas_ok) snprintf(sel_blas_msg, sizeof sel_blas_msg, "%s", ct_last_error());
+    ct_clear_error();
+}
+
+/* The fixed rule (from `ctorch bench gemm` on the AVX2 development machine, see
+ * docs/architecture.md "GEMM"): ctorch's GEMM for the small products where OpenBLAS's
+ * per-call cost and its edge handling lose (every side >= 32, M N K <= 256^3), OpenBLAS
+ * otherwise. The scalar kernel never beats OpenBLAS. */
+static bool rule_ctorch(ct_isa isa, int64_t M, int64_t N, int64_t K)
+{
+    if (isa != CT_ISA_AVX2 && isa != CT_ISA_AVX512) return false;
+    return M >= 32 && N >= 32 && K >= 32 && (double)M * (double)N * (double)K <= 256.0 * 256.0 * 256.0;
+}
+
+ct_status ct_gemm_set_impl(ct_gemm_impl impl)
+{
+    pthread_once(&sel_once, sel_init);
+    if (impl != CT_GEMM_AUTO && impl != CT_GEMM_OPENBLAS && impl != CT_GEMM_CTORCH)
+        return ct_error(CT_EINVAL, "ct_gemm_set_impl: impl must be CT_GEMM_AUTO, CT_GEMM_OPENBLAS or "
+                                   "CT_GEMM_CTORCH, got %d", (int)impl);
+    if (impl == CT_GEMM_OPENBLAS && !sel_blas_ok)
+        return ct_error(CT_EUNSUPPORTED, "ct_gemm_set_impl: OpenBLAS cannot be loaded: %s", sel_blas_msg);
+    sel_forced = impl;
+    return CT_OK;
+}
+
+static void sel_log(ct_gemm_impl mode, ct_gemm_impl got)
+{
+    if (__atomic_exchange_n(&sel_logged, 1, __ATOMIC_RELAXED)) return;
+    const char *kn = CT_KERNELS(ct_gemm_tables)->name;
+    if (!sel_blas_ok && mode != CT_GEMM_CTORCH)
+        ct_log(CT_LOG_WARN, "gemm", "OpenBLAS cannot be loaded (%s): ctorch's GEMM (%s) runs", sel_blas_msg, kn);
+    else if (mode == CT_GEMM_AUTO)
+        ct_log(CT_LOG_INFO, "gemm", "GEMM: OpenBLAS, and ctorch's GEMM (%s) for the shapes of the fixed rule "
+                                    "(this one: %s)", kn, got == CT_GEMM_CTORCH ? "ctorch" : "openblas");
+    else
+        ct_log(CT_LOG_INFO, "gemm", "GEMM: %s (forced)", mode == CT_GEMM_CTORCH ? kn : "OpenBLAS");
+}
+
+ct_status ct_gemm_select(int64_t M, int64_t N, int64_t K, ct_gemm_impl *out)
+{
+    pthread_once(&sel_once, sel_init);
+    if (!out) return ct_error(CT_EINVAL, "ct_gemm_select: out must not be NULL");
+    ct_gemm_impl mode = sel_forced;
+    if (mode == CT_GEMM_AUTO) {
+        if (sel_env_status != CT_OK) return ct_error(sel_env_status, "%s", sel_env_msg);
+        mode = sel_env;
+    }
+    if (mode == CT_GEMM_OPENBLAS && !sel_blas_ok)
+        return ct_error(CT_EUNSUPPORTED, "CT_GEMM=openblas: OpenBLAS cannot be loaded: %s", sel_blas_msg);
+    ct_gemm_impl got = mode;
+    if (mode == CT_GEMM_AUTO)
+        got = !sel_blas_ok || rule_ctorch(ct_active_isa(), M, N, K) ? CT_GEMM_CTORCH : CT_GEMM_OPENBLAS;
+    sel_log(mode, got);
+    *out = got;
+    return CT_OK;
+}
+
+const char *ct_gemm_describe(void)
+{
+    pthread_once(&sel_once, sel_init);
+    static _Thread_local char buf[200];
+    const char *kn = CT_KERNELS(ct_gemm_tables)->name;
+    ct_gemm_impl mode = sel_forced != CT_GEMM_AUTO ? sel_forced : sel_env;
+    if (sel_forced == CT_GEMM_AUTO && sel_env_status != CT_OK)
+        snprintf(buf, sizeof buf, "invalid CT_GEMM (%s)", sel_env_msg);
+    else if (mode == CT_GEMM_OPENBLAS)
+        snprintf(buf, sizeof buf, "openblas (%s)", sel_blas_ok ? "forced" : "forced, cannot be loaded");
+    else if (mode == CT_GEMM_CTORCH)
+        snprintf(buf, sizeof buf, "ctorch %s (forced)", kn);
+    else if (!sel_blas_ok)
+        snprintf(buf, sizeof buf, "ctorch %s (OpenBLAS not loaded)", kn);
+    else
+        snprintf(buf, sizeof buf, "openblas (ctorch %s for small shapes)", kn);
+    return buf;
+}
+
+/* ---- public entry points ------------------------------------------------------------------ */
+
+static ct_status gemm_args(const char *fn, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A,
+                           int64_t *lda, const void *B, int64_t *ldb, const float *C, int64_t *ldc)
+{
+    CT_TRY(gemm_check(fn, M, N, K, A, B, C));
+    int64_t ca = ta ? M : K, cb = tb ? K : N;
+    if (!*lda) *lda = ca;
+    if (!*ldb) *ldb = cb;
+    if (!*ldc) *ldc = N;
+    if (*lda < ca || *ldb < cb || *ldc < N)
+        return ct_error(CT_EINVAL, "%s: row strides must be 0 or at least the row length (lda=%lld >= %lld, "
+                        "ldb=%lld >= %lld, ldc=%lld >= %lld)", fn, (long long)*lda, (long long)ca,
+                        (long long)*ldb, (long long)cb, (long long)*ldc, (long long)N);
+    return CT_OK;
+}
+
+static void scale_c(int64_t M, int64_t N, float beta, float *C, int64_t ldc)
+{
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+}
+
+ct_status ct_gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                      const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                      float *C, int64_t ldc)
+{
+    CT_TRY(gemm_args("ct_gemm_f32", trans_a, trans_b, M, N, K, A, &lda, B, &ldb, C, &ldc));
+    ct_gemm_impl impl;
+    CT_TRY(ct_gemm_select(M, N, K, &impl));
+    if (M == 0 || N == 0) return CT_OK;
+    if (K == 0) {
+        scale_c(M, N, beta, C, ldc);
+        return CT_OK;
+    }
+    if (impl == CT_GEMM_CTORCH) return own_gemm(trans_a, trans_b, false, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return blas_gemm_f32(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+ct_status ct_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                       const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
+                       float *C, int64_t ldc)
+{
+    CT_TRY(gemm_args("ct_gemm_bf16", trans_a, trans_b, M, N, K, A, &lda, B, &ldb, C, &ldc));
+    ct_gemm_impl impl;
+    CT_TRY(ct_gemm_select(M, N, K, &impl));
+    if (M == 0 || N == 0) return CT_OK;
+    if (K == 0) {
+        scale_c(M, N, beta, C, ldc);
+        return CT_OK;
+    }
+    if (impl == CT_GEMM_CTORCH) return own_gemm(trans_a, trans_b, true, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return blas_gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 ct_status ct_linear_forward(float *out, const float *inp, const float *weight, const float *bias,
