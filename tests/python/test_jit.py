@@ -135,6 +135,33 @@ def test_relative_bias_grad_and_two_params_packed():
              lambda bb, t: (lambda s, b, h, q, kv: s * t + bb[h, q - kv + L]), params=(bias, temp), L=L, S=L)
 
 
+def test_captured_gradients_are_bitwise_across_runs_and_threads():
+    """The parameter gradients of captured tensors are summed in a fixed order: identical bits
+    for repeated runs and for 1, 2 and 3 threads."""
+    from ctorch._lib import lib, set_num_threads
+    was = lib.ct_num_threads()
+    L = 45
+    g = torch.Generator().manual_seed(9)
+    bias0 = 0.3 * torch.randn(2, 2 * L, generator=g)
+    q, k, v, do = inputs(2, 2, 2, L, L, seed=3)
+    grads = []
+    try:
+        for threads in (1, 2, 3, 2):
+            set_num_threads(threads)
+            bias = bias0.clone().requires_grad_()
+            qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
+            sm = lambda s, b, h, qi, kv: s + bias[h, qi - kv + L]  # noqa: E731
+            bm = create_block_mask(causal(), None, None, L, L, BLOCK_SIZE=16)
+            out = flex_attention(qq, kk, vv, score_mod=sm, block_mask=bm)
+            out.backward(do)
+            grads.append(bias.grad.clone())
+    finally:
+        set_num_threads(was)
+    assert grads[0].abs().sum() > 0
+    for gr in grads[1:]:
+        assert torch.equal(gr, grads[0])
+
+
 def test_many_ops_where_clamp_minimum_batch_doc():
     docs = torch.stack([DOC[:40], torch.arange(40) // 7])  # per batch
     def score(s, b, h, q, kv):
