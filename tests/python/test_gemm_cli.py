@@ -6,16 +6,7 @@ import json
 import os
 import subprocess
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def cli_path():
-    if os.environ.get("CTORCH_CLI"):
-        return os.environ["CTORCH_CLI"]
-    lib = os.environ.get("CTORCH_LIB")
-    if lib:
-        return os.path.join(os.path.dirname(lib), "ctorch")
-    return os.path.join(ROOT, "build", "ctorch")
+from conftest import cli_path  # noqa: E402  (the one definition)
 
 
 def run(args, **env):
