@@ -233,7 +233,7 @@ typedef struct {
     float beta_step; /* beta for the first slice, 1 after */
     float *ap, *bp;  /* packed strips */
     int64_t sa, sb;  /* strip counts */
-    int64_t nic, njg, spg; /* C tiles: MC row blocks x groups of spg B strips */
+    int64_t nic, spi, njg, spg; /* C tiles: nic row blocks of spi A strips x njg groups of spg B strips */
 } own_job;
 
 static const unsigned char *own_at(const unsigned char *X, bool t, int64_t ld, int64_t r, int64_t c, size_t es)
@@ -264,7 +264,7 @@ static void own_tiles(void *arg, int64_t t0, int64_t t1, int tid)
     int mr = kt->mr, nr = kt->nr;
     for (int64_t t = t0; t < t1; t++) {
         int64_t ic = t / j->njg, g = t % j->njg;
-        int64_t r0 = ic * kt->mc, r1 = r0 + kt->mc < j->mb ? r0 + kt->mc : j->mb;
+        int64_t r0 = ic * j->spi * mr, r1 = r0 + j->spi * mr < j->mb ? r0 + j->spi * mr : j->mb;
         int64_t s0 = g * j->spg, s1 = s0 + j->spg < j->sb ? s0 + j->spg : j->sb;
         for (int64_t sj = s0; sj < s1; sj++) {
             const float *bp = j->bp + sj * j->kb * nr;
@@ -317,16 +317,24 @@ static ct_status own_gemm(bool ta, bool tb, bool bf, int64_t M, int64_t N, int64
     }
     bool serial = 2.0 * (double)M * (double)N * (double)K < OWN_SERIAL_FLOPS;
     int T = serial ? 1 : ct_num_threads();
-    for (j.i0 = 0; j.i0 < M; j.i0 += mchunk) {
-        j.mb = M - j.i0 < mchunk ? M - j.i0 : mchunk;
+    /* Row chunks and blocks of (nearly) equal size, their counts multiples of the thread count
+     * where the rows allow, so the threads get equal work. Any split gives the same bits. */
+    int64_t nchunk = (M + mchunk - 1) / mchunk;
+    int64_t crows = ((M + nchunk - 1) / nchunk + kt->mr - 1) / kt->mr * kt->mr; /* <= mchunk */
+    for (j.i0 = 0; j.i0 < M; j.i0 += crows) {
+        j.mb = M - j.i0 < crows ? M - j.i0 : crows;
         j.sa = (j.mb + kt->mr - 1) / kt->mr;
-        j.nic = (j.mb + kt->mc - 1) / kt->mc;
+        int64_t per_mc = kt->mc / kt->mr, nic = (j.sa + per_mc - 1) / per_mc;
+        if (nic % T) nic += T - nic % T;
+        if (nic > j.sa) nic = j.sa;
+        j.spi = (j.sa + nic - 1) / nic;
+        j.nic = (j.sa + j.spi - 1) / j.spi;
         for (j.j0 = 0; j.j0 < N; j.j0 += kt->nc) {
             j.nb = N - j.j0 < kt->nc ? N - j.j0 : kt->nc;
             j.sb = (j.nb + kt->nr - 1) / kt->nr;
-            /* the tile split (any split gives the same bits): enough tiles for the threads */
-            int64_t want = (int64_t)T * OWN_TASKS_PER_THREAD;
-            j.njg = j.nic >= want ? 1 : (want + j.nic - 1) / j.nic;
+            /* column groups only when the row blocks alone do not split evenly */
+            j.njg = j.nic % T ? (j.nic < T ? (int64_t)T * OWN_TASKS_PER_THREAD / j.nic : T) : 1;
+            if (j.njg < 1) j.njg = 1;
             if (j.njg > j.sb) j.njg = j.sb;
             j.spg = (j.sb + j.njg - 1) / j.njg;
             j.njg = (j.sb + j.spg - 1) / j.spg;

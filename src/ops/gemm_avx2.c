@@ -15,8 +15,9 @@ static inline __attribute__((always_inline)) void row8(float *c, __m256 acc, __m
     _mm256_storeu_ps(c, r);
 }
 
-static void kernel_6x16(int64_t kc, const float *ap, const float *bp, float *c, int64_t ldc, int m, int n,
-                        float alpha, float beta)
+/* The k loop alone (not inlined: alpha and beta are not live here, so the 12 accumulators,
+ * two B vectors and the broadcast fit the 16 ymm registers without spills). */
+static __attribute__((noinline)) void mul_6x16(int64_t kc, const float *ap, const float *bp, float *t)
 {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
@@ -45,34 +46,32 @@ static void kernel_6x16(int64_t kc, const float *ap, const float *bp, float *c, 
         ap += MR;
         bp += NR;
     }
-    __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+    _mm256_store_ps(t, c00), _mm256_store_ps(t + 8, c01);
+    _mm256_store_ps(t + 16, c10), _mm256_store_ps(t + 24, c11);
+    _mm256_store_ps(t + 32, c20), _mm256_store_ps(t + 40, c21);
+    _mm256_store_ps(t + 48, c30), _mm256_store_ps(t + 56, c31);
+    _mm256_store_ps(t + 64, c40), _mm256_store_ps(t + 72, c41);
+    _mm256_store_ps(t + 80, c50), _mm256_store_ps(t + 88, c51);
+}
+
+static void kernel_6x16(int64_t kc, const float *ap, const float *bp, float *c, int64_t ldc, int m, int n,
+                        float alpha, float beta)
+{
+    _Alignas(32) float t[MR * NR];
+    mul_6x16(kc, ap, bp, t);
     int b0 = beta == 0.0f;
     if (m == MR && n == NR) {
-        row8(c, c00, va, vb, b0);
-        row8(c + 8, c01, va, vb, b0);
-        row8(c + ldc, c10, va, vb, b0);
-        row8(c + ldc + 8, c11, va, vb, b0);
-        row8(c + 2 * ldc, c20, va, vb, b0);
-        row8(c + 2 * ldc + 8, c21, va, vb, b0);
-        row8(c + 3 * ldc, c30, va, vb, b0);
-        row8(c + 3 * ldc + 8, c31, va, vb, b0);
-        row8(c + 4 * ldc, c40, va, vb, b0);
-        row8(c + 4 * ldc + 8, c41, va, vb, b0);
-        row8(c + 5 * ldc, c50, va, vb, b0);
-        row8(c + 5 * ldc + 8, c51, va, vb, b0);
+        __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+        for (int i = 0; i < MR; i++) {
+            row8(c + i * ldc, _mm256_load_ps(t + i * NR), va, vb, b0);
+            row8(c + i * ldc + 8, _mm256_load_ps(t + i * NR + 8), va, vb, b0);
+        }
         return;
     }
-    float t[MR][NR];
-    _mm256_storeu_ps(t[0], c00), _mm256_storeu_ps(t[0] + 8, c01);
-    _mm256_storeu_ps(t[1], c10), _mm256_storeu_ps(t[1] + 8, c11);
-    _mm256_storeu_ps(t[2], c20), _mm256_storeu_ps(t[2] + 8, c21);
-    _mm256_storeu_ps(t[3], c30), _mm256_storeu_ps(t[3] + 8, c31);
-    _mm256_storeu_ps(t[4], c40), _mm256_storeu_ps(t[4] + 8, c41);
-    _mm256_storeu_ps(t[5], c50), _mm256_storeu_ps(t[5] + 8, c51);
     for (int i = 0; i < m; i++)
         for (int j = 0; j < n; j++) {
             float *p = c + i * ldc + j;
-            *p = b0 ? alpha * t[i][j] : fmaf(alpha, t[i][j], beta * *p);
+            *p = b0 ? alpha * t[i * NR + j] : fmaf(alpha, t[i * NR + j], beta * *p);
         }
 }
 
