@@ -3,7 +3,11 @@
  * tensor checked against the configuration; no weight is read), beside its baselines in the
  * same run on the same files: ct_load + close of every shard alone (the bare safetensors opens
  * the directory is made of) and ct_hf_open of a one-layer directory (opening does not depend
- * on the size). The directory is a Llama-shaped model in bf16 (TinyLlama-1.1B's shape by
+ * on the size). Then loading a model from it for inference: ct_hf_map_model (the bf16
+ * weights left in the mapped files) beside ct_gpt_create + ct_hf_load_params (converted into
+ * f32 parameters, what inference did before bf16 stayed mapped), each with the growth of the
+ * process's anonymous resident memory (RssAnon: copies, not the mapped files' pages) and of
+ * the tracked bytes. The directory is a Llama-shaped model in bf16 (TinyLlama-1.1B's shape by
  * default, 2.2 GB) written by the benchmark into a temporary directory and removed after;
  * page cache warm. */
 #include "bench_util.h"
@@ -218,6 +222,48 @@ static ct_status run_open_small(void *p)
     return s;
 }
 
+/* Anonymous resident bytes of this process (RssAnon of /proc/self/status), 0 if unknown. */
+static size_t rss_anon(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    size_t kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "RssAnon: %zu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb * 1024;
+}
+
+typedef struct load_case {
+    const char *dir;
+    bool mapped;
+    size_t anon, tracked; /* growth while the model is loaded (the last run's) */
+} load_case;
+
+static ct_status run_load(void *p)
+{
+    load_case *l = p;
+    ct_memory_stats_t m0, m1;
+    size_t a0 = rss_anon();
+    ct_memory_stats(&m0);
+    ct_hf_model *h;
+    ct_status s = ct_hf_open(l->dir, &h);
+    if (s) return s;
+    ct_gpt_options o = ct_gpt_options_default();
+    o.batch = 1;
+    o.seq = 1;
+    ct_gpt *m = NULL;
+    s = l->mapped ? ct_hf_map_model(h, &o, &m, NULL) : ct_gpt_create(ct_hf_get_config(h), &o, &m);
+    if (!s && !l->mapped) s = ct_hf_load_params(h, m);
+    size_t a1 = rss_anon();
+    ct_memory_stats(&m1);
+    l->anon = a1 > a0 ? a1 - a0 : 0;
+    l->tracked = m1.current_bytes > m0.current_bytes ? m1.current_bytes - m0.current_bytes : 0;
+    ct_gpt_free(m);
+    ct_hf_close(h);
+    return s;
+}
+
 static ct_status run_shards(void *p)
 {
     hf_case *c = p;
@@ -251,6 +297,9 @@ int bench_hf(bench_ctx *b, int argc, char **argv)
                  "          and its header validated, every tensor checked against the config\n"
                  "  shards  ct_load + close of every shard (the bare safetensors opens), baseline\n"
                  "  small   ct_hf_open + close of a one-layer directory of the same shape\n"
+                 "  load    ct_hf_open + ct_hf_map_model (bf16 weights mapped, inference) vs\n"
+                 "          ct_gpt_create + ct_hf_load_params (converted to f32), with the growth\n"
+                 "          of anonymous RSS and tracked bytes while loaded (3 converted runs at most)"
                  "The directories are removed afterwards.");
             return 0;
         }
@@ -292,11 +341,14 @@ int bench_hf(bench_ctx *b, int argc, char **argv)
     int rc = write_dir(c.dir, &s, shard_mib << 20, &c);
     if (!rc) rc = write_dir(c.small, &one, 0, &cs);
     double t_write = bench_now() - t0;
-    bench_time to, ts, tsm;
+    bench_time to, ts, tsm, tlm, tlc;
+    load_case lm = {c.dir, true, 0, 0}, lc = {c.dir, false, 0, 0};
     ct_status st = CT_OK;
     if (!rc && ((st = bench_time_fn(b->repeats, run_open, &c, &to)) ||
                 (st = bench_time_fn(b->repeats, run_shards, &c, &ts)) ||
-                (st = bench_time_fn(b->repeats, run_open_small, &c, &tsm))))
+                (st = bench_time_fn(b->repeats, run_open_small, &c, &tsm)) ||
+                (st = bench_time_fn(b->repeats, run_load, &lm, &tlm)) ||
+                (st = bench_time_fn(b->repeats < 3 ? b->repeats : 3, run_load, &lc, &tlc))))
         rc = cli_fail("bench hf", st);
     remove_dir(c.dir);
     remove_dir(c.small);
@@ -314,6 +366,14 @@ int bench_hf(bench_ctx *b, int argc, char **argv)
         "layers", (json_int_t)s.layers, "dtype", "bf16", "cache", "page cache, warm", "open",
         bench_time_json(&to), "shards_ct_load", bench_time_json(&ts), "open_one_layer",
         bench_time_json(&tsm), "open_vs_shards", to.median / ts.median, "write_s", t_write);
+    json_t *jm = bench_time_json(&tlm), *jc = bench_time_json(&tlc);
+    json_object_set_new(jm, "rss_anon_bytes", json_integer((json_int_t)lm.anon));
+    json_object_set_new(jm, "tracked_bytes", json_integer((json_int_t)lm.tracked));
+    json_object_set_new(jc, "rss_anon_bytes", json_integer((json_int_t)lc.anon));
+    json_object_set_new(jc, "tracked_bytes", json_integer((json_int_t)lc.tracked));
+    json_object_set_new(j, "load_mapped", jm);
+    json_object_set_new(j, "load_converted", jc);
+    json_object_set_new(j, "load_mapped_vs_converted", json_real(tlm.median / tlc.median));
     if (b->json) {
         bench_print_json(j);
     } else {
@@ -326,6 +386,12 @@ int bench_hf(bench_ctx *b, int argc, char **argv)
         printf("  %-44s %6.3f ms  (open is %.2fx)\n", "baseline: ct_load + close of every shard",
                ts.median * 1e3, to.median / ts.median);
         printf("  %-44s %6.3f ms\n", "one-layer directory: ct_hf_open + close", tsm.median * 1e3);
+        printf("  %-44s %6.3f ms  +%.1f MiB anon RSS, +%.1f MiB tracked\n",
+               "load mapped: open + ct_hf_map_model", tlm.median * 1e3, lm.anon / 1048576.0,
+               lm.tracked / 1048576.0);
+        printf("  %-44s %6.3f ms  +%.1f MiB anon RSS, +%.1f MiB tracked\n",
+               "load converted: open + ct_hf_load_params", tlc.median * 1e3, lc.anon / 1048576.0,
+               lc.tracked / 1048576.0);
     }
     json_decref(j);
     return 0;

@@ -526,8 +526,8 @@ CT_API ct_status ct_hf_load_params(const ct_hf_model *h, ct_gpt *m);
  *  misaligned, are converted to f32 into the model's own parameter array. The forward
  *  (ct_gpt_logits, ct_gpt_next_logits, the KV cache, ct_gpt_generate) reads half weights
  *  directly: decode's GEMV widens each weight row as it goes; more rows convert fixed panels
- *  of weight rows (a function of the row length alone) into a scratch of 1 MiB per thread
- *  (4 MiB at most, for rows over 16384 values) and multiply them with ct_gemm_f32: the
+ *  of weight rows (a function of the row length alone) into a scratch of 2 MiB per thread
+ *  (4 MiB at most, for rows over 32768 values) and multiply them with ct_gemm_f32: the
  *  results are the f32 maths on the widened weights, bitwise the same for any thread count.
  *  The model becomes inference-only (ct_gpt_forward_backward, ct_gpt_init,
  *  ct_gpt_load_params, ct_lora_create and ct_gpt_tensor's parameter views refuse it; so does

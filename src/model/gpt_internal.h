@@ -93,8 +93,8 @@ static inline int64_t gpt_E(const ct_gpt *m)
  * for W [V, D] (row stride D): f32 `w` when h.p is NULL (ct_linear_forward / ct_gemm_f32, as
  * before), else the bf16 / f16 bits h.p. Half weights: gemv (and N <= GPT_GEMV_MAX) reads the
  * bits directly, row by row (the f32 GEMV's sums, gpt_gemv_f32); otherwise fixed panels of
- * weight rows are converted into a per-thread scratch (ct_alloc'ed for the call: 1 MiB for
- * D <= 16384, 4 MiB at most) and multiplied with ct_gemm_f32. Panel sizes depend on D alone:
+ * weight rows are converted into a per-thread scratch (ct_alloc'ed for the call: 2 MiB for
+ * D <= 32768, 4 MiB at most) and multiplied with ct_gemm_f32. Panel sizes depend on D alone:
  * the same bits for any thread count. gemv: the KV cache's decode (N <= GPT_GEMV_MAX). */
 #define GPT_GEMV_MAX 4
 ct_status gpt_linear(float *out, int64_t ldo, const float *inp, const float *w, gpt_half h,

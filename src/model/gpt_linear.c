@@ -2,10 +2,11 @@
  * f32 weights or on bf16 / f16 weights left in their mapped files (ct_hf_map_model).
  *
  * A half weight W [V, D] is never converted whole. Decode (a few rows, gemv) reads its bits
- * row by row, widening chunks of a row into a stack buffer and adding the products in the
- * order of the f32 GEMV, so its bits are the f32 GEMV's on the widened weights. More rows
- * take panels: PANEL_ROWS(D) weight rows (a function of D alone) converted into a scratch of
- * at most GPT_PANEL_FLOATS floats per thread (allocated by each thread for the call, tracked)
+ * row by row (bf16 values widened as they are read, f16 rows in chunks into a stack buffer)
+ * and adds the products in the order of the f32 GEMV, so its bits are the f32 GEMV's on the
+ * widened weights. More rows
+ * take panels: panel_rows_for(D) weight rows (a function of D alone) converted into a scratch
+ * of at most PANEL_FLOATS floats per thread (allocated by each thread for the call, tracked)
  * and multiplied by ct_gemm_f32 over the whole D (split in KC columns only past KC_MAX); the
  * pool's threads take whole panels, so every output element is computed by the same calls
  * for any thread count. */
@@ -16,9 +17,9 @@
 
 #define GEMV_BLOCK 64        /* weight rows per GEMV task */
 #define GEMV_CHUNK 512       /* half values widened at a time by the GEMV (a multiple of 8) */
-#define PANEL_FLOATS (1 << 18) /* 1 MiB of f32 per thread for D <= 16384 */
+#define PANEL_FLOATS (1 << 19) /* 2 MiB of f32 per thread for D <= 32768 */
 #define PANEL_MIN_ROWS 16
-#define PANEL_MAX_ROWS 256
+#define PANEL_MAX_ROWS 512
 #define KC_MAX 65536 /* columns of a panel: wider weights are split (4 MiB per thread at most) */
 
 /* ---- GEMV --------------------------------------------------------------------------------- */
@@ -75,7 +76,40 @@ static void gemv_f32_rows(void *arg, int64_t b0, int64_t b1, int tid)
     }
 }
 
-/* The same sums with each weight row widened GEMV_CHUNK values at a time. */
+static inline float bf16_value(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* The same sums on bf16 rows, each value widened (exactly) as it is read. */
+static void gemv_bf16_rows(void *arg, int64_t b0, int64_t b1, int tid)
+{
+    const gemv_job *j = arg;
+    int64_t D8 = j->D & ~(int64_t)7;
+    for (int64_t blk = b0; blk < b1; blk++) {
+        int64_t v1 = (blk + 1) * GEMV_BLOCK < j->V ? (blk + 1) * GEMV_BLOCK : j->V;
+        for (int64_t v = blk * GEMV_BLOCK; v < v1; v++) {
+            const uint16_t *restrict w = j->h + v * j->ldw;
+            for (int64_t r = 0; r < j->N; r++) {
+                const float *restrict x = j->inp + r * j->D;
+                float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                for (int64_t d = 0; d < D8; d += 8)
+                    for (int k = 0; k < 8; k++)
+                        a[k] += x[d + k] * bf16_value(w[d + k]);
+                float t = sum8(a);
+                for (int64_t d = D8; d < j->D; d++)
+                    t += x[d] * bf16_value(w[d]);
+                float *o = j->out + r * j->ldo + v;
+                *o = j->accumulate ? *o + t : t;
+            }
+        }
+    }
+}
+
+/* The same sums on f16 rows widened GEMV_CHUNK values at a time. */
 static void gemv_half_rows(void *arg, int64_t b0, int64_t b1, int tid)
 {
     const gemv_job *j = arg;
@@ -201,7 +235,8 @@ ct_status gpt_linear(float *out, int64_t ldo, const float *inp, const float *w, 
         return ct_error(CT_EINTERNAL, "gpt_linear: a mapped weight must be bf16 or f16");
     if (gemv && N <= GPT_GEMV_MAX) {
         gemv_job j = {out, inp, NULL, h.p, h.dt, N, D, V, ldo, D, accumulate};
-        ct_parallel_for((V + GEMV_BLOCK - 1) / GEMV_BLOCK, gemv_half_rows, &j);
+        ct_parallel_for((V + GEMV_BLOCK - 1) / GEMV_BLOCK,
+                        h.dt == CT_DTYPE_BF16 ? gemv_bf16_rows : gemv_half_rows, &j);
         if (bias) add_bias(out, ldo, bias, N, V);
         return CT_OK;
     }

@@ -245,6 +245,11 @@ def test_bench_hf_runs_and_cleans_up(tmp_path):
     per_layer = 2 * C + C * C + 2 * C * 64 + C * C + 3 * C * F_  # norms, q, k, v (1 kv head), o, mlp
     assert d["data_bytes"] == 2 * (2 * V * C + C + L * per_layer) and d["tensors"] == 3 + 9 * L
     assert d["shards"] > 1 and j["open"]["median_s"] > 0 and j["shards_ct_load"]["repeats"] == 3
+    # loading for inference: the bf16 weights stay mapped (no copy), converted they are f32
+    f32_bytes = 2 * d["data_bytes"]
+    assert j["load_mapped"]["tracked_bytes"] < f32_bytes / 10
+    assert j["load_converted"]["tracked_bytes"] >= f32_bytes
+    assert j["load_converted"]["rss_anon_bytes"] > j["load_mapped"]["rss_anon_bytes"]
     assert os.listdir(tmp_path) == []
     assert run("bench", "hf", "--help").stdout.startswith("usage: ctorch bench hf")
     assert "--hidden" in run("bench", "hf", "--hidden", 100, rc=2).stderr

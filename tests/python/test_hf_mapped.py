@@ -164,3 +164,25 @@ def test_misaligned_file_is_converted(tmp_path):
     ids = tokens(cfg, 2, 9, 1)
     want = ref.forward(cfg, {k: v.float() for k, v in w.items()}, ids)
     assert rel_err(m.forward(ids), want) <= 1e-4
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_bench_generate_mapped_vs_converted(tmp_path, dtype):
+    """`ctorch bench generate --dtype` (a random directory it writes) and `--model DIR`
+    (timing decides nothing here)."""
+    shape = ["--context", 40, "--new-tokens", 6, "--layers", 1, "--d-model", 32, "--heads", 2,
+             "--kv-heads", 1, "--ffn", 48, "--vocab", 300]
+    j = json.loads(run("bench", "generate", "--dtype", dtype, *shape, "--json", "--repeats", 3).stdout)
+    assert j["dtype"] == dtype and j["shape"]["prompt_tokens"] == 34
+    m, c = j["mapped"], j["converted_f32"]
+    assert m["decode_tok_s"] > 0 and c["decode_tok_s"] > 0 and j["decode_mapped_vs_converted"] > 0
+    assert m["weight_bytes"] < c["weight_bytes"] / 10 and m["tensors_in_place"] == 8
+    cfg, _ = build(tmp_path, "llama", dtype)
+    j = json.loads(run("bench", "generate", "--model", tmp_path, "--context", 20, "--new-tokens", 4,
+                       "--json", "--repeats", 3).stdout)
+    assert j["directory"] == str(tmp_path) and j["shape"]["context"] == 20
+    assert j["mapped"]["tensors_in_place"] == 2 + 7 * cfg["num_hidden_layers"]
+    r = run("bench", "generate", "--model", tmp_path, "--layers", 2, ok=False)
+    assert r.returncode == 2 and "--model takes its shape" in r.stderr
+    r = run("bench", "generate", "--dtype", "f64", ok=False)
+    assert r.returncode == 2 and "--dtype" in r.stderr
