@@ -3,40 +3,17 @@
  * Rows are independent, so dinp and the outputs are the same bits for any thread count.
  * The weight/bias gradients are sums over rows: each of K = min(N, CT_NORM_ROW_CHUNKS)
  * fixed row chunks (chosen from N alone) accumulates its own f32 partial [C], then the
- * partials are added in chunk order in double and added to dweight/dbias. RMSNorm rows go
- * through the kernel tables of norm_kernels.h (norm_scalar.c, norm_avx2.c); LayerNorm is
- * scalar C the compiler vectorises. */
+ * partials are added in chunk order in double and added to dweight/dbias. The rows of both
+ * (forward and backward, f32 and bf16) go through the kernel table of norm_kernels.h
+ * (bodies: norm_scalar.c, norm_avx2.c); this file holds the argument checks, the threading
+ * and the chunk reduction. */
 #include "core/internal.h"
 #include "ops/norm_kernels.h"
 #include "ctorch/ops.h"
 
 #include <math.h>
 
-#define CT_INLINE static inline __attribute__((always_inline))
 #define COL_BLOCK 256 /* columns per task when summing the chunk partials */
-
-static inline float ldx(const void *p, int64_t i, int bf)
-{
-    return bf ? ct_bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-
-static inline void stx(void *p, int64_t i, float v, int bf)
-{
-    if (bf)
-        ((uint16_t *)p)[i] = ct_f32_to_bf16(v);
-    else
-        ((float *)p)[i] = v;
-}
-
-static inline const void *row_c(const void *p, int64_t r, int64_t C, int bf)
-{
-    return p ? (const unsigned char *)p + (size_t)(r * C) * (bf ? 2u : 4u) : NULL;
-}
-
-static inline void *row_m(void *p, int64_t r, int64_t C, int bf)
-{
-    return (unsigned char *)p + (size_t)(r * C) * (bf ? 2u : 4u);
-}
 
 /* ---- argument checks ------------------------------------------------------------------ */
 
@@ -171,7 +148,7 @@ static void run_rows_fwd(norm_ctx *c, rows_fn fn)
     ct_parallel_for(c->N, run_rows_body, &rc);
 }
 
-/* ---- RMSNorm -------------------------------------------------------------------------- */
+/* ---- kernel table --------------------------------------------------------------------- */
 
 #if defined(__x86_64__)
 #define NORM_AVX2 &ct_norm_avx2
@@ -179,12 +156,14 @@ static void run_rows_fwd(norm_ctx *c, rows_fn fn)
 #define NORM_AVX2 &ct_norm_scalar
 #endif
 
-/* The RMSNorm rows are memory bound: avx512 uses the AVX2 bodies; neon/sve bodies are not
- * written yet. */
+/* The norm rows are memory bound: avx512 uses the AVX2 bodies; neon/sve bodies are not
+ * written yet (scalar). */
 const ct_norm_kernels *const ct_norm_tables[CT_ISA_COUNT] = {
     [CT_ISA_SCALAR] = &ct_norm_scalar, [CT_ISA_AVX2] = NORM_AVX2, [CT_ISA_AVX512] = NORM_AVX2,
     [CT_ISA_NEON] = &ct_norm_scalar,   [CT_ISA_SVE] = &ct_norm_scalar,
 };
+
+/* ---- RMSNorm -------------------------------------------------------------------------- */
 
 static void rms_fwd_rows(const norm_ctx *c, int64_t r0, int64_t r1, float *pw, float *pb)
 {
@@ -259,74 +238,16 @@ ct_status ct_rmsnorm_backward_bf16(uint16_t *dinp, float *dweight, const uint16_
 
 /* ---- LayerNorm ------------------------------------------------------------------------ */
 
-CT_INLINE void ln_fwd_rows_t(const norm_ctx *c, int64_t r0, int64_t r1, float *pw, float *pb,
-                             const int bf)
-{
-    int64_t C = c->C;
-    for (int64_t r = r0; r < r1; r++) {
-        const void *x = row_c(c->inp, r, C, bf);
-        void *y = row_m(c->out, r, C, bf);
-        float s = 0.0f;
-        for (int64_t i = 0; i < C; i++)
-            s += ldx(x, i, bf);
-        float m = s / (float)C, v = 0.0f;
-        for (int64_t i = 0; i < C; i++) {
-            float d = ldx(x, i, bf) - m;
-            v += d * d;
-        }
-        float rs = 1.0f / sqrtf(v / (float)C + c->eps);
-        if (c->mean) c->mean[r] = m;
-        if (c->rstd) c->rstd[r] = rs;
-        for (int64_t i = 0; i < C; i++) {
-            float o = (ldx(x, i, bf) - m) * rs;
-            if (c->w) o *= ldx(c->w, i, bf);
-            if (c->b) o += ldx(c->b, i, bf);
-            stx(y, i, o, bf);
-        }
-    }
-}
-
 static void ln_fwd_rows(const norm_ctx *c, int64_t r0, int64_t r1, float *pw, float *pb)
 {
-    if (c->bf)
-        ln_fwd_rows_t(c, r0, r1, pw, pb, 1);
-    else
-        ln_fwd_rows_t(c, r0, r1, pw, pb, 0);
-}
-
-CT_INLINE void ln_bwd_rows_t(const norm_ctx *c, int64_t r0, int64_t r1, float *pw, float *pb,
-                             const int bf)
-{
-    int64_t C = c->C;
-    for (int64_t r = r0; r < r1; r++) {
-        const void *x = row_c(c->inp, r, C, bf), *g = row_c(c->dout, r, C, bf);
-        void *dx = row_m(c->out, r, C, bf);
-        float m = c->smean[r], rs = c->srstd[r];
-        float s1 = 0.0f, s2 = 0.0f; /* sum dnorm, sum dnorm * xhat */
-        for (int64_t i = 0; i < C; i++) {
-            float xh = (ldx(x, i, bf) - m) * rs, dn = ldx(g, i, bf);
-            if (c->w) dn *= ldx(c->w, i, bf);
-            s1 += dn;
-            s2 += dn * xh;
-        }
-        s1 /= (float)C;
-        s2 /= (float)C;
-        for (int64_t i = 0; i < C; i++) {
-            float xh = (ldx(x, i, bf) - m) * rs, gi = ldx(g, i, bf), dn = gi;
-            if (c->w) dn *= ldx(c->w, i, bf);
-            if (pw) pw[i] += gi * xh;
-            if (pb) pb[i] += gi;
-            stx(dx, i, (dn - s1 - xh * s2) * rs, bf);
-        }
-    }
+    CT_KERNELS(ct_norm_tables)->ln_forward_rows(c->out, c->mean, c->rstd, c->inp, c->w, c->b, r0,
+                                                r1, c->C, c->eps, c->bf);
 }
 
 static void ln_bwd_rows(const norm_ctx *c, int64_t r0, int64_t r1, float *pw, float *pb)
 {
-    if (c->bf)
-        ln_bwd_rows_t(c, r0, r1, pw, pb, 1);
-    else
-        ln_bwd_rows_t(c, r0, r1, pw, pb, 0);
+    CT_KERNELS(ct_norm_tables)->ln_backward_rows(c->out, pw, pb, c->dout, c->inp, c->w, c->smean,
+                                                 c->srstd, r0, r1, c->C, c->bf);
 }
 
 static ct_status ln_forward(const char *fn, int bf, void *out, float *mean, float *rstd,

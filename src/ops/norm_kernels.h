@@ -1,5 +1,7 @@
-/* RMSNorm row kernels (private table). Bodies: norm_scalar.c (plain loops), norm_avx2.c
- * (AVX2 + FMA). bf selects bf16 arrays (0: f32). LayerNorm is scalar C in norm.c. */
+/* RMSNorm and LayerNorm row kernels (private table). Bodies: norm_scalar.c (plain loops,
+ * left-to-right f32 sums), norm_avx2.c (AVX2 + FMA, two 8-lane accumulators folded by
+ * ct_hsum256). bf selects bf16 arrays (0: f32); statistics and maths are f32 either way.
+ * Each row is a pure function of its inputs, so the bits never depend on the row split. */
 #ifndef CT_NORM_KERNELS_H
 #define CT_NORM_KERNELS_H
 
@@ -15,6 +17,15 @@ typedef struct ct_norm_kernels {
     void (*rms_backward_rows)(void *dinp, float *pw, const void *dout, const void *inp,
                               const void *w, const float *rstd, int64_t r0, int64_t r1, int64_t C,
                               int bf);
+    /* Rows [r0, r1) of the LayerNorm forward: out = (inp - mean) * rstd (* w) (+ b);
+     * mean[r], rstd[r] stored (each NULL to skip). w, b may be NULL. */
+    void (*ln_forward_rows)(void *out, float *mean, float *rstd, const void *inp, const void *w,
+                            const void *b, int64_t r0, int64_t r1, int64_t C, float eps, int bf);
+    /* Rows [r0, r1) of the LayerNorm backward from the saved mean/rstd: dinp written;
+     * pw[C] += dout * xhat and pb[C] += dout (each NULL to skip). */
+    void (*ln_backward_rows)(void *dinp, float *pw, float *pb, const void *dout, const void *inp,
+                             const void *w, const float *mean, const float *rstd, int64_t r0,
+                             int64_t r1, int64_t C, int bf);
 } ct_norm_kernels;
 
 extern const ct_norm_kernels ct_norm_scalar;

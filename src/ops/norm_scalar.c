@@ -1,4 +1,5 @@
-/* Scalar RMSNorm row bodies (see norm_kernels.h): plain loops, left-to-right sums. */
+/* Scalar RMSNorm and LayerNorm row bodies (see norm_kernels.h): plain loops, left-to-right
+ * f32 sums (ISO C: no FMA contraction, no reassociation). */
 #include "ops/norm_kernels.h"
 #include "ctorch/tensor.h"
 
@@ -91,4 +92,84 @@ static void rms_backward_rows_scalar(void *dinp, float *pw, const void *dout, co
         rms_bwd_t(dinp, pw, dout, inp, w, rstd, r0, r1, C, 0);
 }
 
-const ct_norm_kernels ct_norm_scalar = {rms_forward_rows_scalar, rms_backward_rows_scalar};
+/* ---- LayerNorm ------------------------------------------------------------------------ */
+
+CT_INLINE void ln_fwd_t(void *out, float *mean, float *rstd, const void *inp, const void *w,
+                        const void *b, int64_t r0, int64_t r1, int64_t C, float eps, const int bf)
+{
+    for (int64_t r = r0; r < r1; r++) {
+        const void *x = row_c(inp, r, C, bf);
+        void *y = row_m(out, r, C, bf);
+        float s = 0.0f;
+        for (int64_t i = 0; i < C; i++)
+            s += ldx(x, i, bf);
+        float m = s / (float)C, v = 0.0f;
+        for (int64_t i = 0; i < C; i++) {
+            float d = ldx(x, i, bf) - m;
+            v += d * d;
+        }
+        float rs = 1.0f / sqrtf(v / (float)C + eps);
+        if (mean) mean[r] = m;
+        if (rstd) rstd[r] = rs;
+        for (int64_t i = 0; i < C; i++) {
+            float o = (ldx(x, i, bf) - m) * rs;
+            if (w) o *= ldx(w, i, bf);
+            if (b) o += ldx(b, i, bf);
+            stx(y, i, o, bf);
+        }
+    }
+}
+
+static void ln_forward_rows_scalar(void *out, float *mean, float *rstd, const void *inp,
+                                   const void *w, const void *b, int64_t r0, int64_t r1, int64_t C,
+                                   float eps, int bf)
+{
+    if (bf)
+        ln_fwd_t(out, mean, rstd, inp, w, b, r0, r1, C, eps, 1);
+    else
+        ln_fwd_t(out, mean, rstd, inp, w, b, r0, r1, C, eps, 0);
+}
+
+CT_INLINE void ln_bwd_t(void *dinp, float *pw, float *pb, const void *dout, const void *inp,
+                        const void *w, const float *mean, const float *rstd, int64_t r0,
+                        int64_t r1, int64_t C, const int bf)
+{
+    for (int64_t r = r0; r < r1; r++) {
+        const void *x = row_c(inp, r, C, bf), *g = row_c(dout, r, C, bf);
+        void *dx = row_m(dinp, r, C, bf);
+        float m = mean[r], rs = rstd[r];
+        float s1 = 0.0f, s2 = 0.0f; /* sum dnorm, sum dnorm * xhat */
+        for (int64_t i = 0; i < C; i++) {
+            float xh = (ldx(x, i, bf) - m) * rs, dn = ldx(g, i, bf);
+            if (w) dn *= ldx(w, i, bf);
+            s1 += dn;
+            s2 += dn * xh;
+        }
+        s1 /= (float)C;
+        s2 /= (float)C;
+        for (int64_t i = 0; i < C; i++) {
+            float xh = (ldx(x, i, bf) - m) * rs, gi = ldx(g, i, bf), dn = gi;
+            if (w) dn *= ldx(w, i, bf);
+            if (pw) pw[i] += gi * xh;
+            if (pb) pb[i] += gi;
+            stx(dx, i, (dn - s1 - xh * s2) * rs, bf);
+        }
+    }
+}
+
+static void ln_backward_rows_scalar(void *dinp, float *pw, float *pb, const void *dout,
+                                    const void *inp, const void *w, const float *mean,
+                                    const float *rstd, int64_t r0, int64_t r1, int64_t C, int bf)
+{
+    if (bf)
+        ln_bwd_t(dinp, pw, pb, dout, inp, w, mean, rstd, r0, r1, C, 1);
+    else
+        ln_bwd_t(dinp, pw, pb, dout, inp, w, mean, rstd, r0, r1, C, 0);
+}
+
+const ct_norm_kernels ct_norm_scalar = {
+    .rms_forward_rows = rms_forward_rows_scalar,
+    .rms_backward_rows = rms_backward_rows_scalar,
+    .ln_forward_rows = ln_forward_rows_scalar,
+    .ln_backward_rows = ln_backward_rows_scalar,
+};
