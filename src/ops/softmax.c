@@ -1,8 +1,25 @@
+/* softmax, log_softmax, logsumexp and the two backwards over the rows of [N, C] f32 arrays:
+ * argument checks and threading (rows split across threads; each row is a pure function of
+ * its inputs, so the bits never depend on the thread count). The row bodies are the
+ * softmax kernel table of softmax_kernels.h (softmax_scalar.c, softmax_avx2.c). */
 #include "core/internal.h"
 #include "ctorch/ops.h"
-#include "ops/vecmath.h"
+#include "ops/softmax_kernels.h"
 
-#include <math.h>
+#if defined(__x86_64__)
+#define SOFTMAX_AVX2 &ct_softmax_avx2
+#else
+#define SOFTMAX_AVX2 &ct_softmax_portable
+#endif
+
+/* avx512 uses the AVX2 bodies (the rows are memory bound). neon/sve have no softmax bodies
+ * of their own: the portable C over the active vecmath table (their vecmath bodies when
+ * those exist, scalar otherwise). */
+const ct_softmax_kernels *const ct_softmax_tables[CT_ISA_COUNT] = {
+    [CT_ISA_SCALAR] = &ct_softmax_scalar,  [CT_ISA_AVX2] = SOFTMAX_AVX2,
+    [CT_ISA_AVX512] = SOFTMAX_AVX2,        [CT_ISA_NEON] = &ct_softmax_portable,
+    [CT_ISA_SVE] = &ct_softmax_portable,
+};
 
 typedef struct {
     float *out;
@@ -17,77 +34,52 @@ static ct_status rows_check(const char *fn, const void *o, const void *i, int64_
     return CT_OK;
 }
 
-static void softmax_rows(void *p, int64_t r0, int64_t r1, int tid)
+static void softmax_body(void *p, int64_t r0, int64_t r1, int tid)
 {
     rows_ctx *c = p;
-    for (int64_t r = r0; r < r1; r++) {
-        const float *x = c->a + r * c->C;
-        float *y = c->out + r * c->C;
-        float m = ct_vmax(x, c->C);
-        if (m == -INFINITY) { /* fully masked row: PyTorch gives NaN; keep that */
-            for (int64_t j = 0; j < c->C; j++) y[j] = NAN;
-            continue;
-        }
-        float s = ct_vexpsum(y, x, m, c->C);
-        ct_vscale(y, 1.0f / s, c->C);
-    }
+    CT_KERNELS(ct_softmax_tables)->softmax_rows(c->out, c->a, r0, r1, c->C);
 }
 
 ct_status ct_softmax_forward(float *out, const float *inp, int64_t N, int64_t C)
 {
     CT_TRY(rows_check("ct_softmax_forward", out, inp, N, C));
     rows_ctx c = {out, inp, NULL, C};
-    ct_parallel_for(C ? N : 0, softmax_rows, &c);
+    ct_parallel_for(C ? N : 0, softmax_body, &c);
     return CT_OK;
 }
 
-static void log_softmax_rows(void *p, int64_t r0, int64_t r1, int tid)
+static void log_softmax_body(void *p, int64_t r0, int64_t r1, int tid)
 {
     rows_ctx *c = p;
-    for (int64_t r = r0; r < r1; r++) {
-        const float *x = c->a + r * c->C;
-        float *y = c->out + r * c->C;
-        float m = ct_vmax(x, c->C);
-        float lse = m == -INFINITY ? -INFINITY : m + logf(ct_vexpsum(NULL, x, m, c->C));
-        for (int64_t j = 0; j < c->C; j++) y[j] = x[j] - lse;
-    }
+    CT_KERNELS(ct_softmax_tables)->log_softmax_rows(c->out, c->a, r0, r1, c->C);
 }
 
 ct_status ct_log_softmax_forward(float *out, const float *inp, int64_t N, int64_t C)
 {
     CT_TRY(rows_check("ct_log_softmax_forward", out, inp, N, C));
     rows_ctx c = {out, inp, NULL, C};
-    ct_parallel_for(C ? N : 0, log_softmax_rows, &c);
+    ct_parallel_for(C ? N : 0, log_softmax_body, &c);
     return CT_OK;
 }
 
-static void lse_rows(void *p, int64_t r0, int64_t r1, int tid)
+static void lse_body(void *p, int64_t r0, int64_t r1, int tid)
 {
     rows_ctx *c = p;
-    for (int64_t r = r0; r < r1; r++) {
-        const float *x = c->a + r * c->C;
-        float m = ct_vmax(x, c->C);
-        c->out[r] = m == -INFINITY ? -INFINITY : m + logf(ct_vexpsum(NULL, x, m, c->C));
-    }
+    CT_KERNELS(ct_softmax_tables)->logsumexp_rows(c->out, c->a, r0, r1, c->C);
 }
 
 ct_status ct_logsumexp_rows(float *lse, const float *inp, int64_t N, int64_t C)
 {
     CT_TRY(rows_check("ct_logsumexp_rows", lse, inp, N, C));
     rows_ctx c = {lse, inp, NULL, C};
-    ct_parallel_for(N, lse_rows, &c);
+    ct_parallel_for(N, lse_body, &c); /* C == 0: every row gives -inf */
     return CT_OK;
 }
 
-static void softmax_bwd_rows(void *p, int64_t r0, int64_t r1, int tid)
+static void softmax_bwd_body(void *p, int64_t r0, int64_t r1, int tid)
 {
     rows_ctx *c = p; /* a = dout, b = out */
-    for (int64_t r = r0; r < r1; r++) {
-        const float *g = c->a + r * c->C, *y = c->b + r * c->C;
-        float *d = c->out + r * c->C;
-        float dot = ct_vdot(g, y, c->C);
-        for (int64_t j = 0; j < c->C; j++) d[j] = y[j] * (g[j] - dot);
-    }
+    CT_KERNELS(ct_softmax_tables)->softmax_backward_rows(c->out, c->a, c->b, r0, r1, c->C);
 }
 
 ct_status ct_softmax_backward(float *dinp, const float *dout, const float *out, int64_t N, int64_t C)
@@ -95,19 +87,14 @@ ct_status ct_softmax_backward(float *dinp, const float *dout, const float *out, 
     CT_TRY(rows_check("ct_softmax_backward", dinp, dout, N, C));
     if (N && C && !out) return ct_error(CT_EINVAL, "ct_softmax_backward: out must not be NULL");
     rows_ctx c = {dinp, dout, out, C};
-    ct_parallel_for(C ? N : 0, softmax_bwd_rows, &c);
+    ct_parallel_for(C ? N : 0, softmax_bwd_body, &c);
     return CT_OK;
 }
 
-static void log_softmax_bwd_rows(void *p, int64_t r0, int64_t r1, int tid)
+static void log_softmax_bwd_body(void *p, int64_t r0, int64_t r1, int tid)
 {
-    rows_ctx *c = p;
-    for (int64_t r = r0; r < r1; r++) {
-        const float *g = c->a + r * c->C, *y = c->b + r * c->C;
-        float *d = c->out + r * c->C;
-        float s = ct_vsum(g, c->C);
-        for (int64_t j = 0; j < c->C; j++) d[j] = g[j] - expf(y[j]) * s;
-    }
+    rows_ctx *c = p; /* a = dout, b = out */
+    CT_KERNELS(ct_softmax_tables)->log_softmax_backward_rows(c->out, c->a, c->b, r0, r1, c->C);
 }
 
 ct_status ct_log_softmax_backward(float *dinp, const float *dout, const float *out, int64_t N, int64_t C)
@@ -115,6 +102,6 @@ ct_status ct_log_softmax_backward(float *dinp, const float *dout, const float *o
     CT_TRY(rows_check("ct_log_softmax_backward", dinp, dout, N, C));
     if (N && C && !out) return ct_error(CT_EINVAL, "ct_log_softmax_backward: out must not be NULL");
     rows_ctx c = {dinp, dout, out, C};
-    ct_parallel_for(C ? N : 0, log_softmax_bwd_rows, &c);
+    ct_parallel_for(C ? N : 0, log_softmax_bwd_body, &c);
     return CT_OK;
 }
