@@ -1,40 +1,30 @@
-/* Row reductions: sum, mean, max/min (+ index), argmax, and the whole-tensor sum.
- *
- * The sum of a row is defined by one fixed order, whatever runs it: the row is cut into
- * blocks of SUM_BLOCK elements; a block is summed in double over 8 interleaved lanes
- * (element i goes to lane i % 8; lanes are then combined pairwise); block sums are added
- * in order in double; the total is rounded to f32 once. Plain double adds (no FMA, no
- * reassociation) make the bits the same on every thread count and ISA. Many rows run one
- * row per thread; a few long rows run their blocks in parallel, in batches whose partial
+/* Row reductions: sum, mean, max/min (+ index), argmax, and the whole-tensor sum: argument
+ * checks and threading. The row bodies are the reduce kernel table of reduce_kernels.h
+ * (reduce_scalar.c, reduce_avx2.c), which also documents the one fixed summation order
+ * every body follows, so the bits are the same on every thread count and ISA. Many rows run
+ * one row per thread; a few long rows run their blocks in parallel, in batches whose partial
  * sums are then added in block order, which yields the same bits. */
 #include "core/internal.h"
 #include "ctorch/ops.h"
+#include "ops/reduce_kernels.h"
 
-#include <math.h>
-#include <string.h>
-
-#define SUM_BLOCK 4096
+#define SUM_BLOCK CT_SUM_BLOCK
 #define SUM_BATCH 256 /* blocks per parallel batch when splitting a long row */
 
-static double sum_block(const float *x, int64_t n)
-{
-    double l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++)
-            l[j] += (double)x[i + j];
-    for (int j = 0; i < n; i++, j++)
-        l[j] += (double)x[i];
-    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-}
+#if defined(__x86_64__)
+#define REDUCE_AVX2 &ct_reduce_avx2
+#else
+#define REDUCE_AVX2 &ct_reduce_scalar
+#endif
 
-static double sum_row(const float *x, int64_t n)
-{
-    double s = 0.0;
-    for (int64_t b = 0; b < n; b += SUM_BLOCK)
-        s += sum_block(x + b, n - b < SUM_BLOCK ? n - b : SUM_BLOCK);
-    return s;
-}
+/* avx512 uses the AVX2 bodies (the sums are latency bound in their fixed order, the scans
+ * memory bound); neon/sve bodies are not written yet (scalar; its max/min scan is GCC
+ * vector extensions, so it vectorises there too). */
+const ct_reduce_kernels *const ct_reduce_tables[CT_ISA_COUNT] = {
+    [CT_ISA_SCALAR] = &ct_reduce_scalar, [CT_ISA_AVX2] = REDUCE_AVX2,
+    [CT_ISA_AVX512] = REDUCE_AVX2,       [CT_ISA_NEON] = &ct_reduce_scalar,
+    [CT_ISA_SVE] = &ct_reduce_scalar,
+};
 
 static ct_status rows_check(const char *fn, const void *out, const char *out_name, const float *inp,
                             int64_t N, int64_t C)
@@ -62,22 +52,20 @@ typedef struct {
 static void sum_rows_body(void *p, int64_t r0, int64_t r1, int tid)
 {
     red_ctx *c = p;
-    for (int64_t r = r0; r < r1; r++) {
-        double s = sum_row(c->inp + r * c->C, c->C);
-        c->out[r] = (float)(c->mean ? s / (double)c->C : s);
-    }
+    CT_KERNELS(ct_reduce_tables)->sum_rows(c->out, c->inp, r0, r1, c->C, c->mean);
 }
 
 static void sum_blocks_body(void *p, int64_t b0, int64_t b1, int tid)
 {
     red_ctx *c = p; /* inp: start of the batch, C: elements left from there */
+    double (*sum_block)(const float *, int64_t) = CT_KERNELS(ct_reduce_tables)->sum_block;
     for (int64_t b = b0; b < b1; b++) {
         int64_t off = b * SUM_BLOCK, len = c->C - off < SUM_BLOCK ? c->C - off : SUM_BLOCK;
         c->partial[b] = sum_block(c->inp + off, len);
     }
 }
 
-/* sum_row(x, n) with the blocks computed in parallel: same bits. */
+/* The fixed-order sum of x[0..n) with its blocks computed in parallel: same bits. */
 static double sum_row_parallel(const float *x, int64_t n)
 {
     double partial[SUM_BATCH];
@@ -126,81 +114,19 @@ ct_status ct_sum_all(float *out, const float *inp, int64_t n)
     if (!out) return ct_error(CT_EINVAL, "ct_sum_all: out must not be NULL");
     if (n < 0) return ct_error(CT_EINVAL, "ct_sum_all: n must be >= 0, got %lld", (long long)n);
     if (n && !inp) return ct_error(CT_EINVAL, "ct_sum_all: inp must not be NULL");
-    *out = (float)(n > SUM_BLOCK ? sum_row_parallel(inp, n) : sum_row(inp, n));
+    if (n > SUM_BLOCK)
+        *out = (float)sum_row_parallel(inp, n);
+    else if (n > 0)
+        CT_KERNELS(ct_reduce_tables)->sum_rows(out, inp, 0, 1, n, 0); /* one row of n */
+    else
+        *out = 0.0f;
     return CT_OK;
-}
-
-/* Four floats as a GNU vector (GCC and clang, any target): the max/min scan is a pure
- * selection, which compilers will not vectorise from scalar code without fast-math. */
-typedef float v4f __attribute__((vector_size(16)));
-typedef int32_t v4i __attribute__((vector_size(16)));
-
-static inline v4f v4_load(const float *p)
-{
-    v4f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-/* m ? a : b lane by lane (m lanes are 0 or -1) */
-static inline v4f v4_pick(v4i m, v4f a, v4f b)
-{
-    return (v4f)((m & (v4i)a) | (~m & (v4i)b));
-}
-
-/* Position of the max (sign > 0) or min (sign < 0) of x[0..n), n >= 1: first occurrence
- * on ties, the first NaN if any. Two passes: the extreme value over 8 lanes with a NaN
- * flag, then the first position holding it (or the first NaN). */
-static int64_t extreme_index(const float *x, int64_t n, int sign)
-{
-    v4f a0 = {x[0], x[0], x[0], x[0]}, a1 = a0;
-    v4i nan = {0, 0, 0, 0};
-    int64_t i = 0;
-    if (sign > 0) {
-        for (; i + 8 <= n; i += 8) {
-            v4f v0 = v4_load(x + i), v1 = v4_load(x + i + 4);
-            nan |= (v0 != v0) | (v1 != v1);
-            a0 = v4_pick(v0 > a0, v0, a0);
-            a1 = v4_pick(v1 > a1, v1, a1);
-        }
-    } else {
-        for (; i + 8 <= n; i += 8) {
-            v4f v0 = v4_load(x + i), v1 = v4_load(x + i + 4);
-            nan |= (v0 != v0) | (v1 != v1);
-            a0 = v4_pick(v0 < a0, v0, a0);
-            a1 = v4_pick(v1 < a1, v1, a1);
-        }
-    }
-    float m = x[0];
-    int any_nan = nan[0] | nan[1] | nan[2] | nan[3];
-    for (int j = 0; j < 8; j++) {
-        float v = j < 4 ? a0[j] : a1[j - 4];
-        if (sign > 0 ? v > m : v < m) m = v;
-    }
-    for (; i < n; i++) {
-        float v = x[i];
-        if (sign > 0 ? v > m : v < m) m = v;
-        any_nan |= v != v;
-    }
-    if (any_nan || m != m) {
-        for (i = 0; !isnan(x[i]); i++) {
-        }
-        return i;
-    }
-    for (i = 0; x[i] != m; i++) {
-    }
-    return i;
 }
 
 static void extreme_body(void *p, int64_t r0, int64_t r1, int tid)
 {
     red_ctx *c = p;
-    for (int64_t r = r0; r < r1; r++) {
-        const float *x = c->inp + r * c->C;
-        int64_t i = extreme_index(x, c->C, c->sign);
-        if (c->out) c->out[r] = x[i];
-        if (c->idx) c->idx[r] = i;
-    }
+    CT_KERNELS(ct_reduce_tables)->extreme_rows(c->out, c->idx, c->inp, r0, r1, c->C, c->sign);
 }
 
 static ct_status extreme_impl(const char *fn, float *values, int64_t *indices, const float *inp,
