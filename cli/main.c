@@ -82,6 +82,11 @@ int cmd_version(int argc, char **argv)
 {
     printf("ctorch %s (%s, %d threads, gemm: %s)\n", ct_version(), ct_isa_name(ct_active_isa()), ct_num_threads(),
            ct_gemm_describe());
+    printf("cpu: %s; instruction sets:", ct_cpu_name());
+    for (int i = 0; i < CT_ISA_COUNT; i++)
+        if (ct_cpu_has_isa((ct_isa)i)) printf(" %s", ct_isa_name((ct_isa)i));
+    if (ct_cpu_sve_bytes()) printf("; SVE vector length %zu bits", 8 * ct_cpu_sve_bytes());
+    printf("\n");
     return 0;
 }
 

@@ -168,6 +168,9 @@ CT_API ct_status ct_set_isa(ct_isa isa);
 CT_API bool ct_cpu_has_isa(ct_isa isa);
 /** The CPU's name as it reports it (x86: the CPUID brand string), or "this CPU". */
 CT_API const char *ct_cpu_name(void);
+/** The SVE vector length in bytes (svcntb(): 16 for 128-bit vectors ... 256 for 2048-bit),
+ *  0 when the CPU lacks SVE (and on every non-AArch64 build). */
+CT_API size_t ct_cpu_sve_bytes(void);
 /** Name of an instruction set ("scalar", "avx2", "avx512", "neon", "sve"; "unknown"). */
 CT_API const char *ct_isa_name(ct_isa isa);
 

@@ -5,6 +5,10 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
+#if defined(__aarch64__) && defined(__linux__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,10 +54,41 @@ static void detect_x86(void)
 #endif
 }
 
+/* AArch64: the kernel's HWCAP bits (getauxval(AT_HWCAP)): ASIMD is NEON, SVE is SVE (any
+ * vector length: the SVE bodies are vector-length agnostic). The name is the MIDR_EL1
+ * implementer and part, read through the kernel's emulation of the register (HWCAP_CPUID). */
+static size_t sve_bytes;
+static void isa_detect(void);
+
+static void detect_aarch64(void)
+{
+#if defined(__aarch64__) && defined(__linux__)
+    unsigned long hw = getauxval(AT_HWCAP);
+    isa_have[CT_ISA_NEON] = (hw & HWCAP_ASIMD) != 0;
+    isa_have[CT_ISA_SVE] = isa_have[CT_ISA_NEON] && (hw & HWCAP_SVE) != 0;
+    if (isa_have[CT_ISA_SVE]) sve_bytes = ct_sve_cntb();
+    if (hw & HWCAP_CPUID) {
+        unsigned long midr;
+        __asm__ volatile("mrs %0, MIDR_EL1" : "=r"(midr));
+        snprintf(cpu_name, sizeof cpu_name, "AArch64 CPU (implementer 0x%02lx, part 0x%03lx)",
+                 (midr >> 24) & 0xff, (midr >> 4) & 0xfff);
+    } else {
+        snprintf(cpu_name, sizeof cpu_name, "this AArch64 CPU");
+    }
+#endif
+}
+
+size_t ct_cpu_sve_bytes(void)
+{
+    pthread_once(&isa_once, isa_detect);
+    return sve_bytes;
+}
+
 static void isa_detect(void)
 {
     isa_have[CT_ISA_SCALAR] = true;
     detect_x86();
+    detect_aarch64();
     for (int i = 0; i < CT_ISA_COUNT; i++)
         if (isa_have[i] && (i == CT_ISA_SCALAR || i > (int)isa_best)) isa_best = (ct_isa)i;
     isa_active = isa_best;

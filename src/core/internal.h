@@ -41,6 +41,10 @@ static inline bool ct_add_size(size_t a, size_t b, size_t *out)
     return !__builtin_add_overflow(a, b, out);
 }
 
+#if defined(__aarch64__)
+/* svcntb() (src/core/cpu_sve.c, built with SVE enabled): call only when the CPU has SVE. */
+size_t ct_sve_cntb(void);
+#endif
 /* The kernel table of a family for the active instruction set: tab[ct_active_isa()], where
  * the family fills every slot (an instruction set without bodies points at the next one
  * down). Chosen by index, so ct_set_isa() re-selects every family at once. */

@@ -8,7 +8,10 @@
  * so ctorch dlopen()s it on first use: if OPENBLAS_CORETYPE is unset, it is first set from
  * the CPU's features (SkylakeX for AVX-512 F/BW/DQ/VL, Haswell for AVX2+FMA). A value the
  * user set is kept. If OpenBLAS was already loaded by someone else in the process, its
- * choice stands. OpenBLAS runs single-threaded: ctorch's pool splits the GEMMs.
+ * choice stands. OpenBLAS runs single-threaded: ctorch's pool splits the GEMMs. So that its
+ * constructor starts no thread pool either, OPENBLAS_NUM_THREADS is set to 1 when unset: the
+ * pool's idle threads spin, and under qemu-user (the AArch64 tests) they starved the loading
+ * thread so that dlopen() did not return (seen with Debian's arm64 OpenBLAS 0.3.21).
  * CTORCH_BLAS names another CBLAS library to load instead.
  */
 #include "ops/blas.h"
@@ -44,6 +47,7 @@ static void pick_coretype(void)
 static void blas_load(void)
 {
     pick_coretype();
+    if (!getenv("OPENBLAS_NUM_THREADS")) setenv("OPENBLAS_NUM_THREADS", "1", 0);
     const char *names[] = {getenv("CTORCH_BLAS"), "libopenblas.so.0", "libopenblas.so", "libcblas.so.3", "libblas.so.3"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if (!names[i] || !names[i][0]) continue;
