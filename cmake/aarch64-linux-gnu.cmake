@@ -3,7 +3,8 @@
 # The arm64 libraries (jansson, libcrypto, OpenBLAS) come from Debian multiarch
 # (dpkg --add-architecture arm64; scripts/test-aarch64.sh installs them). Tests run under
 # qemu-aarch64 (CMAKE_CROSSCOMPILING_EMULATOR; QEMU_CPU picks the CPU model, e.g.
-# max,sve-default-vector-length=32), with QEMU_LD_PREFIX=/usr/aarch64-linux-gnu.
+# max,sve-default-vector-length=32). Leave QEMU_LD_PREFIX unset: the multiarch loader
+# /lib/ld-linux-aarch64.so.1 matches the multiarch libc (see scripts/test-aarch64.sh).
 set(CMAKE_SYSTEM_NAME Linux)
 set(CMAKE_SYSTEM_PROCESSOR aarch64)
 set(CMAKE_C_COMPILER aarch64-linux-gnu-gcc)

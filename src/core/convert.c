@@ -8,10 +8,18 @@
 #define CONV_AVX2 &ct_convert_scalar
 #endif
 
-/* Memory bound: AVX-512 would not pay over AVX2; neon/sve bodies are not written yet. */
+#if defined(__aarch64__)
+#define CONV_NEON &ct_convert_neon
+#define CONV_SVE &ct_convert_sve
+#else
+#define CONV_NEON &ct_convert_scalar
+#define CONV_SVE &ct_convert_scalar
+#endif
+
+/* Memory bound: AVX-512 would not pay over AVX2. */
 const ct_convert_kernels *const ct_convert_tables[CT_ISA_COUNT] = {
     [CT_ISA_SCALAR] = &ct_convert_scalar, [CT_ISA_AVX2] = CONV_AVX2, [CT_ISA_AVX512] = CONV_AVX2,
-    [CT_ISA_NEON] = &ct_convert_scalar,   [CT_ISA_SVE] = &ct_convert_scalar,
+    [CT_ISA_NEON] = CONV_NEON,            [CT_ISA_SVE] = CONV_SVE,
 };
 
 void ct_convert_bf16_to_f32(float *dst, const uint16_t *src, size_t n)

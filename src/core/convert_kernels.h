@@ -19,6 +19,10 @@ extern const ct_convert_kernels ct_convert_scalar;
 #if defined(__x86_64__)
 extern const ct_convert_kernels ct_convert_avx2;
 #endif
+#if defined(__aarch64__)
+extern const ct_convert_kernels ct_convert_neon;
+extern const ct_convert_kernels ct_convert_sve;
+#endif
 /* One entry per ct_isa (convert.c). */
 extern const ct_convert_kernels *const ct_convert_tables[CT_ISA_COUNT];
 

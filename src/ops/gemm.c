@@ -215,10 +215,17 @@ static ct_status blas_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N
 #define GEMM_AVX512 &ct_gemm_scalar
 #endif
 
-/* neon / sve bodies are not written yet: they use the scalar kernel. */
+#if defined(__aarch64__)
+#define GEMM_NEON &ct_gemm_neon
+#define GEMM_SVE &ct_gemm_sve
+#else
+#define GEMM_NEON &ct_gemm_scalar
+#define GEMM_SVE &ct_gemm_scalar
+#endif
+
 const ct_gemm_kernels *const ct_gemm_tables[CT_ISA_COUNT] = {
     [CT_ISA_SCALAR] = &ct_gemm_scalar, [CT_ISA_AVX2] = GEMM_AVX2, [CT_ISA_AVX512] = GEMM_AVX512,
-    [CT_ISA_NEON] = &ct_gemm_scalar,   [CT_ISA_SVE] = &ct_gemm_scalar,
+    [CT_ISA_NEON] = GEMM_NEON,         [CT_ISA_SVE] = GEMM_SVE,
 };
 
 typedef struct {

@@ -73,6 +73,10 @@ extern const ct_gemm_kernels ct_gemm_avx2;
 extern const ct_gemm_kernels ct_gemm_avx512;
 #endif
 #endif
+#if defined(__aarch64__)
+extern const ct_gemm_kernels ct_gemm_neon;
+extern const ct_gemm_kernels ct_gemm_sve;
+#endif
 /* One slot per ct_isa (an ISA without bodies points at the next one down). */
 extern const ct_gemm_kernels *const ct_gemm_tables[CT_ISA_COUNT];
 

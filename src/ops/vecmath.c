@@ -8,11 +8,18 @@
 #define VEC_AVX2 &ct_vec_scalar
 #endif
 
-/* avx512 has no bodies of its own here (the AVX2 ones are memory bound); neon/sve bodies
- * are not written yet, so those fall back to scalar. */
+#if defined(__aarch64__)
+#define VEC_NEON &ct_vec_neon
+#define VEC_SVE &ct_vec_sve
+#else
+#define VEC_NEON &ct_vec_scalar
+#define VEC_SVE &ct_vec_scalar
+#endif
+
+/* avx512 has no bodies of its own here (the AVX2 ones are memory bound). */
 const ct_vec_kernels *const ct_vec_tables[CT_ISA_COUNT] = {
     [CT_ISA_SCALAR] = &ct_vec_scalar, [CT_ISA_AVX2] = VEC_AVX2, [CT_ISA_AVX512] = VEC_AVX2,
-    [CT_ISA_NEON] = &ct_vec_scalar,   [CT_ISA_SVE] = &ct_vec_scalar,
+    [CT_ISA_NEON] = VEC_NEON,         [CT_ISA_SVE] = VEC_SVE,
 };
 
 float ct_vmax(const float *x, int64_t n) { return CT_KERNELS(ct_vec_tables)->vmax(x, n); }

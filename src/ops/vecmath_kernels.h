@@ -22,6 +22,10 @@ extern const ct_vec_kernels ct_vec_scalar;
 #if defined(__x86_64__)
 extern const ct_vec_kernels ct_vec_avx2;
 #endif
+#if defined(__aarch64__)
+extern const ct_vec_kernels ct_vec_neon; /* vecmath_neon.c: bitwise the AVX2 body */
+extern const ct_vec_kernels ct_vec_sve;  /* vecmath_sve.c: vector-length agnostic */
+#endif
 /* One entry per ct_isa (vecmath.c). */
 extern const ct_vec_kernels *const ct_vec_tables[CT_ISA_COUNT];
 

@@ -323,10 +323,14 @@ static void spawn_child(const char *value, const char *mode)
         env[k++] = var;
     }
     env[k] = NULL;
-    char *argv[] = {self, "--child", (char *)mode, NULL};
+    /* cross-built: run the child through the emulator (CT_TEST_EMULATOR, set by ctest) */
+    char *emu = getenv("CT_TEST_EMULATOR");
+    char *argv_native[] = {self, "--child", (char *)mode, NULL};
+    char *argv_emu[] = {emu, self, "--child", (char *)mode, NULL};
+    char **argv = emu && *emu ? argv_emu : argv_native;
     pid_t pid;
     int st = 0;
-    CHECK(posix_spawn(&pid, self, NULL, NULL, argv, env) == 0);
+    CHECK(posix_spawnp(&pid, argv[0], NULL, NULL, argv, env) == 0);
     CHECK(waitpid(pid, &st, 0) == pid);
     if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
         CHECK(!"child failed");
