@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build ctorch and run every test: C tests (Release), Python tests against PyTorch, the C
-# tests again under ASan+UBSan, and a bounded fuzzing run. Installs what is missing first.
+# tests again under ASan+UBSan, the AArch64 build's C subset under qemu-user
+# (scripts/test-aarch64.sh), and a bounded fuzzing run. Installs what is missing first.
 # Usage: bash scripts/test.sh   (env FUZZ_SECONDS=N to change the fuzzing time, 0 to skip)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +29,9 @@ cmake --build build-asan -j"$JOBS"
 echo "== C tests (ASan+UBSan)"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j"$JOBS"
+
+echo "== AArch64: cross-built, the C subset under qemu-user at SVE 128/256/512 bits and NEON-only"
+bash scripts/test-aarch64.sh
 
 if [ -x tests/fuzz/run_fuzz.sh ] || [ -f tests/fuzz/run_fuzz.sh ]; then
   echo "== fuzzing (${FUZZ_SECONDS:-30} s per target)"
