@@ -15,9 +15,17 @@ static const ct_attn_kernels attn_avx512 = {at_gemm_avx512,      at_softmax_upda
 #define ATTN_AVX512 &ct_attn_scalar
 #endif
 
+#if defined(__aarch64__)
+#define ATTN_NEON &ct_attn_neon
+#define ATTN_SVE &ct_attn_sve
+#else
+#define ATTN_NEON &ct_attn_scalar
+#define ATTN_SVE &ct_attn_scalar
+#endif
+
 const ct_attn_kernels *const ct_attn_tables[CT_ISA_COUNT] = {
     [CT_ISA_SCALAR] = &ct_attn_scalar, [CT_ISA_AVX2] = ATTN_AVX2, [CT_ISA_AVX512] = ATTN_AVX512,
-    [CT_ISA_NEON] = &ct_attn_scalar,   [CT_ISA_SVE] = &ct_attn_scalar,
+    [CT_ISA_NEON] = ATTN_NEON,         [CT_ISA_SVE] = ATTN_SVE,
 };
 
 void at_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, int64_t acs,

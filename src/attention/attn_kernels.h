@@ -82,4 +82,9 @@ void at_softcap_fwd_avx2(float *x, int64_t n, float cap);
 void at_softcap_bwd_avx2(const float *s, float *g, int64_t n, float cap);
 #endif
 
+#if defined(__aarch64__)
+extern const ct_attn_kernels ct_attn_neon; /* attn_kernels_neon.c: bitwise the AVX2 bodies */
+extern const ct_attn_kernels ct_attn_sve;  /* attn_kernels_sve.c: vector-length agnostic */
+#endif
+
 #endif

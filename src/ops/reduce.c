@@ -17,13 +17,21 @@
 #define REDUCE_AVX2 &ct_reduce_scalar
 #endif
 
+#if defined(__aarch64__)
+#define REDUCE_NEON &ct_reduce_neon
+#define REDUCE_SVE &ct_reduce_sve
+#else
+#define REDUCE_NEON &ct_reduce_scalar
+#define REDUCE_SVE &ct_reduce_scalar
+#endif
+
 /* avx512 uses the AVX2 bodies (the sums are latency bound in their fixed order, the scans
- * memory bound); neon/sve bodies are not written yet (scalar; its max/min scan is GCC
- * vector extensions, so it vectorises there too). */
+ * memory bound); neon/sve have their own max/min scans on AArch64 (reduce_neon.c,
+ * reduce_sve.c; sums are the scalar bodies), the scalar table elsewhere. */
 const ct_reduce_kernels *const ct_reduce_tables[CT_ISA_COUNT] = {
     [CT_ISA_SCALAR] = &ct_reduce_scalar, [CT_ISA_AVX2] = REDUCE_AVX2,
-    [CT_ISA_AVX512] = REDUCE_AVX2,       [CT_ISA_NEON] = &ct_reduce_scalar,
-    [CT_ISA_SVE] = &ct_reduce_scalar,
+    [CT_ISA_AVX512] = REDUCE_AVX2,       [CT_ISA_NEON] = REDUCE_NEON,
+    [CT_ISA_SVE] = REDUCE_SVE,
 };
 
 static ct_status rows_check(const char *fn, const void *out, const char *out_name, const float *inp,

@@ -40,6 +40,10 @@ extern const ct_reduce_kernels ct_reduce_scalar;
 #if defined(__x86_64__)
 extern const ct_reduce_kernels ct_reduce_avx2;
 #endif
+#if defined(__aarch64__)
+extern const ct_reduce_kernels ct_reduce_neon; /* reduce_neon.c: NEON max/min scan, scalar sums */
+extern const ct_reduce_kernels ct_reduce_sve;  /* reduce_sve.c: SVE max/min scan, scalar sums */
+#endif
 /* One entry per ct_isa (reduce.c). */
 extern const ct_reduce_kernels *const ct_reduce_tables[CT_ISA_COUNT];
 

@@ -12,13 +12,20 @@
 #define SOFTMAX_AVX2 &ct_softmax_portable
 #endif
 
-/* avx512 uses the AVX2 bodies (the rows are memory bound). neon/sve have no softmax bodies
- * of their own: the portable C over the active vecmath table (their vecmath bodies when
- * those exist, scalar otherwise). */
+#if defined(__aarch64__)
+#define SOFTMAX_NEON &ct_softmax_neon
+#define SOFTMAX_SVE &ct_softmax_sve
+#else
+#define SOFTMAX_NEON &ct_softmax_portable
+#define SOFTMAX_SVE &ct_softmax_portable
+#endif
+
+/* avx512 uses the AVX2 bodies (the rows are memory bound); neon/sve have their own bodies
+ * on AArch64 (softmax_neon.c, softmax_sve.c), the portable C elsewhere. */
 const ct_softmax_kernels *const ct_softmax_tables[CT_ISA_COUNT] = {
     [CT_ISA_SCALAR] = &ct_softmax_scalar,  [CT_ISA_AVX2] = SOFTMAX_AVX2,
-    [CT_ISA_AVX512] = SOFTMAX_AVX2,        [CT_ISA_NEON] = &ct_softmax_portable,
-    [CT_ISA_SVE] = &ct_softmax_portable,
+    [CT_ISA_AVX512] = SOFTMAX_AVX2,        [CT_ISA_NEON] = SOFTMAX_NEON,
+    [CT_ISA_SVE] = SOFTMAX_SVE,
 };
 
 typedef struct {

@@ -32,6 +32,10 @@ extern const ct_softmax_kernels ct_softmax_portable;
 #if defined(__x86_64__)
 extern const ct_softmax_kernels ct_softmax_avx2;
 #endif
+#if defined(__aarch64__)
+extern const ct_softmax_kernels ct_softmax_neon; /* softmax_neon.c: bitwise the AVX2 bodies */
+extern const ct_softmax_kernels ct_softmax_sve;  /* softmax_sve.c: vector-length agnostic */
+#endif
 /* One entry per ct_isa (softmax.c). */
 extern const ct_softmax_kernels *const ct_softmax_tables[CT_ISA_COUNT];
 

@@ -1,42 +1,66 @@
-/* The AVX-512 tile product gives the same bits as the AVX2 one (and both match a double
- * reference), for every edge shape of the 6x16 / 8x32 blocking, strided A, and accumulate. */
+/* The vector tile products give the same bits as each other (AVX-512 = AVX2 on x86-64,
+ * SVE = NEON on AArch64: one FMA chain per element in ascending k) and match the scalar
+ * one within rounding, for every edge shape of the blockings, strided A, and accumulate
+ * (with and without the row scale). */
 #include "test_util.h"
 #include "attention/attn_kernels.h"
 #include "core/internal.h"
 
+#include <math.h>
+
 int main(void)
 {
-#if !defined(__x86_64__)
-    printf("test_attention_kernels: SKIPPED the AVX-512 tile product: not an x86-64 build (%s); "
-           "test_kernels_isa compares this CPU's tables with scalar\n", ct_cpu_name());
-    return t_report("test_attention_kernels");
-#else
-    if (!ct_cpu_has_isa(CT_ISA_AVX512)) {
-        printf("test_attention_kernels: SKIPPED the AVX-512 tile product: %s lacks avx512 "
-               "(F+BW+DQ+VL); the scalar and AVX2 paths are covered by test_attention_flex\n",
-               ct_cpu_name());
-        return t_report("test_attention_kernels");
+    ct_isa vec[CT_ISA_COUNT];
+    int nvec = 0;
+    for (int i = 1; i < CT_ISA_COUNT; i++) {
+        ct_isa isa = (ct_isa)i;
+        if (!ct_cpu_has_isa(isa)) {
+            printf("test_attention_kernels: %s SKIPPED: %s lacks it\n", ct_isa_name(isa), ct_cpu_name());
+            continue;
+        }
+        vec[nvec++] = isa;
     }
-    int64_t Ms[] = {1, 5, 6, 7, 8, 9, 17}, Ns[] = {1, 8, 15, 16, 17, 31, 32, 33, 70}, Ks[] = {1, 3, 64};
-    for (size_t a = 0; a < 7; a++)
-        for (size_t b = 0; b < 9; b++)
+    if (!nvec) printf("test_attention_kernels: no vector ISA on %s: only scalar runs\n", ct_cpu_name());
+    int64_t Ms[] = {1, 3, 5, 6, 7, 8, 9, 17}, Ns[] = {1, 3, 8, 15, 16, 17, 31, 32, 33, 70}, Ks[] = {1, 3, 64};
+    for (size_t a = 0; a < sizeof Ms / sizeof Ms[0]; a++)
+        for (size_t b = 0; b < sizeof Ns / sizeof Ns[0]; b++)
             for (size_t k = 0; k < 3; k++)
                 for (int acc = 0; acc < 3; acc++) {
                     int64_t M = Ms[a], N = Ns[b], K = Ks[k], ldb = N + 3, ldc = N + 5;
+                    size_t nc = (size_t)(M * ldc);
                     float *A = malloc(4 * (size_t)(M * K * 2)), *B = malloc(4 * (size_t)(K * ldb));
-                    float *C1 = malloc(4 * (size_t)(M * ldc)), *C2 = malloc(4 * (size_t)(M * ldc));
+                    float *C0 = malloc(4 * nc), *Cs = malloc(4 * nc), *Cv = malloc(4 * nc), *C1 = malloc(4 * nc);
                     float rs[17];
                     t_fill(A, (size_t)(M * K * 2), -1, 1);
                     t_fill(B, (size_t)(K * ldb), -1, 1);
-                    t_fill(C1, (size_t)(M * ldc), -1, 1);
+                    t_fill(C0, nc, -1, 1);
                     t_fill(rs, 17, 0.5f, 1.5f);
-                    memcpy(C2, C1, 4 * (size_t)(M * ldc));
                     /* A read transposed with a stride: element (i, k) at A[i + k * 2M] */
-                    at_gemm_avx2(M, N, K, A, 1, 2 * M, B, ldb, C1, ldc, acc > 0, acc == 2 ? rs : NULL);
-                    at_gemm_avx512(M, N, K, A, 1, 2 * M, B, ldb, C2, ldc, acc > 0, acc == 2 ? rs : NULL);
-                    CHECK(!memcmp(C1, C2, 4 * (size_t)(M * ldc)));
-                    free(A), free(B), free(C1), free(C2);
+                    memcpy(Cs, C0, 4 * nc);
+                    ct_attn_tables[CT_ISA_SCALAR]->gemm(M, N, K, A, 1, 2 * M, B, ldb, Cs, ldc, acc > 0,
+                                                        acc == 2 ? rs : NULL);
+                    for (int v = 0; v < nvec; v++) {
+                        float *C = v == 0 ? C1 : Cv;
+                        memcpy(C, C0, 4 * nc);
+                        ct_attn_tables[vec[v]]->gemm(M, N, K, A, 1, 2 * M, B, ldb, C, ldc, acc > 0,
+                                                     acc == 2 ? rs : NULL);
+                        if (v > 0) CHECK(!memcmp(C1, Cv, 4 * nc));
+                        if (v > 0 && memcmp(C1, Cv, 4 * nc)) {
+                            fprintf(stderr, "  %s vs %s M=%lld N=%lld K=%lld acc=%d\n", ct_isa_name(vec[0]),
+                                    ct_isa_name(vec[v]), (long long)M, (long long)N, (long long)K, acc);
+                        }
+                        /* |error| <= (K + 2) u (sum |a b| + |c|) with |a|, |b|, |c|, rs <= 1.5 */
+                        double tol = (double)(K + 2) * 6e-8 * (1.5 * (double)K + 2.5) * 2;
+                        int bad = 0;
+                        for (size_t e = 0; e < nc; e++)
+                            if (!(fabs((double)C[e] - (double)Cs[e]) <= tol)) bad++;
+                        CHECK(bad == 0);
+                        if (bad) {
+                            fprintf(stderr, "  %s: %d elements M=%lld N=%lld K=%lld acc=%d\n", ct_isa_name(vec[v]),
+                                    bad, (long long)M, (long long)N, (long long)K, acc);
+                        }
+                    }
+                    free(A), free(B), free(C0), free(Cs), free(Cv), free(C1);
                 }
     return t_report("test_attention_kernels");
-#endif
 }
