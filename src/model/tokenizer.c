@@ -628,6 +628,21 @@ ct_status ct_tokenizer_decode(const ct_tokenizer *t, const int32_t *ids, int64_t
     return CT_OK;
 }
 
+/* A raw NUL byte is never JSON (inside a string it is written \u0000). Jansson lets one
+ * through between tokens, so it is refused here: the text a tokenizer.json keeps for
+ * ct_tokenizer_to_json must stay one C string, and a config read as a C string must not be cut
+ * short. */
+ct_status ct_tok_json_no_nul(const char *text, size_t len, const char *what)
+{
+    const char *nul = memchr(text, '\0', len);
+    if (nul)
+        return ct_error(CT_EFORMAT,
+                        "tokenizer: %s holds a NUL byte at offset %zu (JSON text never does; "
+                        "inside a string it is written \\u0000)",
+                        what, (size_t)(nul - text));
+    return CT_OK;
+}
+
 /* ---- files --------------------------------------------------------------------------------- */
 
 ct_status ct_tokenizer_to_json(const ct_tokenizer *t, char **json)
@@ -704,6 +719,7 @@ ct_status ct_tokenizer_from_json(const char *text, size_t len, ct_tokenizer **ou
     if (len > CT_TOKENIZER_MAX_FILE_BYTES)
         return ct_error(CT_EFORMAT, "tokenizer: %zu bytes of JSON, more than the %d MiB allowed",
                         len, CT_TOKENIZER_MAX_FILE_BYTES >> 20);
+    CT_TRY(ct_tok_json_no_nul(text, len, "the JSON"));
     json_error_t err;
     json_t *j = json_loadb(text, len, 0, &err);
     if (!j) return ct_error(CT_EFORMAT, "tokenizer: not JSON (line %d: %s)", err.line, err.text);
@@ -865,6 +881,8 @@ static ct_status load_hf_file(const char *path, const char *dir, ct_tokenizer **
     CT_TRY(ct_tok_read_file(path, &buf, &n));
     ct_status s = join(dir, "tokenizer_config.json", &cpath);
     if (s == CT_OK && is_file(cpath)) s = ct_tok_read_file(cpath, &cfg, &cn);
+    if (s == CT_OK) s = ct_tok_json_no_nul(buf, n, path);
+    if (s == CT_OK && cfg) s = ct_tok_json_no_nul(cfg, cn, cpath);
     if (s == CT_OK) {
         json_error_t err;
         json_t *j = json_loadb(buf, n, 0, &err);

@@ -541,6 +541,7 @@ ct_status ct_tokenizer_from_gpt2(const char *encoder_json, size_t encoder_len,
     if (encoder_len > CT_TOKENIZER_MAX_FILE_BYTES || bpe_len > CT_TOKENIZER_MAX_FILE_BYTES)
         return ct_error(CT_EFORMAT, "tokenizer: GPT-2 files larger than %d MiB",
                         CT_TOKENIZER_MAX_FILE_BYTES >> 20);
+    CT_TRY(ct_tok_json_no_nul(encoder_json, encoder_len, "encoder.json"));
     json_error_t err;
     json_t *enc = json_loadb(encoder_json, encoder_len, 0, &err);
     if (!enc) return ct_error(CT_EFORMAT, "tokenizer: encoder.json is not JSON (line %d: %s)",

@@ -66,6 +66,7 @@ uint64_t ct_tok_hash_bytes(const char *b, size_t n);
 /* Read a whole regular file (at most CT_TOKENIZER_MAX_FILE_BYTES) into a NUL-terminated
  * ct_alloc'ed buffer. */
 ct_status ct_tok_read_file(const char *path, char **buf, size_t *len);
+ct_status ct_tok_json_no_nul(const char *text, size_t len, const char *what);
 
 /* A Hugging Face tokenizer.json, parsed (root) and as text (len bytes, kept for to_json);
  * config: tokenizer_config.json text (NUL-terminated) or NULL; what names the input. */

@@ -31,6 +31,9 @@ cmake --build "$BUILD" -j"$(nproc)" --target "${TARGETS[@]}"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export TMPDIR=${TMPDIR:-/tmp}
+# libctorch links MPI, whose UCX installs its own SIGILL/SIGSEGV handlers: they print a
+# backtrace and exit before libFuzzer can write the crashing input. Leave signals to libFuzzer.
+export UCX_HANDLE_ERRORS=${UCX_HANDLE_ERRORS:-none}
 status=0
 for t in "${TARGETS[@]}"; do
   work="$BUILD/fuzz-corpus/$t"   # new inputs go here; the seed folder stays untouched
