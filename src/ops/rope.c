@@ -41,11 +41,18 @@ static void table_body(void *arg, int64_t t0, int64_t t1, int tid)
 #else
 #define ROPE_AVX2 &ct_rope_scalar
 #endif
+#if defined(__aarch64__)
+#define ROPE_NEON &ct_rope_neon
+#define ROPE_SVE &ct_rope_sve
+#else
+#define ROPE_NEON &ct_rope_scalar
+#define ROPE_SVE &ct_rope_scalar
+#endif
 
-/* Memory bound: avx512 uses the AVX2 body; neon/sve bodies are not written yet. */
+/* Memory bound: avx512 uses the AVX2 body. */
 const ct_rope_kernels *const ct_rope_tables[CT_ISA_COUNT] = {
     [CT_ISA_SCALAR] = &ct_rope_scalar, [CT_ISA_AVX2] = ROPE_AVX2, [CT_ISA_AVX512] = ROPE_AVX2,
-    [CT_ISA_NEON] = &ct_rope_scalar,   [CT_ISA_SVE] = &ct_rope_scalar,
+    [CT_ISA_NEON] = ROPE_NEON,         [CT_ISA_SVE] = ROPE_SVE,
 };
 
 static void rotate_body(void *arg, int64_t r0, int64_t r1, int tid)
