@@ -561,11 +561,35 @@ static void test_same_bits(ct_isa a, ct_isa b, int sums_bitwise)
     float e1 = ct_vec_tables[a]->vexpsum(o1, x, 1.0f, N), e2 = ct_vec_tables[b]->vexpsum(o2, x, 1.0f, N);
     CHECK(sums_bitwise ? e1 == e2 : close_rel(&e1, &e2, 1, 1e-6f));
     CHECK(!memcmp(o1, o2, sizeof o1));
+    /* element-wise: the same bits in f32 and bf16, with a tail (997 = 124 * 8 + 5) */
+    enum { NE = 997 };
+    float g[N], d1[N], d2[N];
+    uint16_t xb[N], gb[N], hb1[N], hb2[N], kb1[N], kb2[N];
+    t_fill(g, N, -2, 2);
+    for (int i = 0; i < N; i++) xb[i] = ct_f32_to_bf16(x[i]), gb[i] = ct_f32_to_bf16(g[i]);
     for (int kind = 0; kind < 3; kind++) {
-        ct_elementwise_tables[a]->act_forward(kind, o1, x, N, 0);
-        ct_elementwise_tables[b]->act_forward(kind, o2, x, N, 0);
-        CHECK(!memcmp(o1, o2, sizeof o1));
+        ct_elementwise_tables[a]->act_forward(kind, o1, x, NE, 0);
+        ct_elementwise_tables[b]->act_forward(kind, o2, x, NE, 0);
+        CHECK(!memcmp(o1, o2, NE * sizeof(float)));
+        ct_elementwise_tables[a]->act_backward(kind, o1, g, x, NE, 0);
+        ct_elementwise_tables[b]->act_backward(kind, o2, g, x, NE, 0);
+        CHECK(!memcmp(o1, o2, NE * sizeof(float)));
+        ct_elementwise_tables[a]->act_forward(kind, hb1, xb, NE, 1);
+        ct_elementwise_tables[b]->act_forward(kind, hb2, xb, NE, 1);
+        CHECK(!memcmp(hb1, hb2, NE * sizeof(uint16_t)));
+        ct_elementwise_tables[a]->act_backward(kind, hb1, gb, xb, NE, 1);
+        ct_elementwise_tables[b]->act_backward(kind, hb2, gb, xb, NE, 1);
+        CHECK(!memcmp(hb1, hb2, NE * sizeof(uint16_t)));
     }
+    ct_elementwise_tables[a]->swiglu_forward(o1, x, g, NE, 0);
+    ct_elementwise_tables[b]->swiglu_forward(o2, x, g, NE, 0);
+    CHECK(!memcmp(o1, o2, NE * sizeof(float)));
+    ct_elementwise_tables[a]->swiglu_backward(o1, d1, g, x, g, NE, 0);
+    ct_elementwise_tables[b]->swiglu_backward(o2, d2, g, x, g, NE, 0);
+    CHECK(!memcmp(o1, o2, NE * sizeof(float)) && !memcmp(d1, d2, NE * sizeof(float)));
+    ct_elementwise_tables[a]->swiglu_backward(hb1, kb1, gb, xb, gb, NE, 1);
+    ct_elementwise_tables[b]->swiglu_backward(hb2, kb2, gb, xb, gb, NE, 1);
+    CHECK(!memcmp(hb1, hb2, NE * sizeof(uint16_t)) && !memcmp(kb1, kb2, NE * sizeof(uint16_t)));
     float r1[10], r2[10];
     ct_norm_tables[a]->rms_forward_rows(o1, r1, x, NULL, 0, 10, 100, 1e-5f, 0);
     ct_norm_tables[b]->rms_forward_rows(o2, r2, x, NULL, 0, 10, 100, 1e-5f, 0);
