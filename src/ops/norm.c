@@ -5,7 +5,7 @@
  * fixed row chunks (chosen from N alone) accumulates its own f32 partial [C], then the
  * partials are added in chunk order in double and added to dweight/dbias. The rows of both
  * (forward and backward, f32 and bf16) go through the kernel table of norm_kernels.h
- * (bodies: norm_scalar.c, norm_avx2.c); this file holds the argument checks, the threading
+ * (bodies: norm_scalar.c, norm_avx2.c, norm_neon.c, norm_sve.c); this file holds the argument checks, the threading
  * and the chunk reduction. */
 #include "core/internal.h"
 #include "ops/norm_kernels.h"
@@ -155,12 +155,19 @@ static void run_rows_fwd(norm_ctx *c, rows_fn fn)
 #else
 #define NORM_AVX2 &ct_norm_scalar
 #endif
+#if defined(__aarch64__)
+#define NORM_NEON &ct_norm_neon
+#define NORM_SVE &ct_norm_sve
+#else
+#define NORM_NEON &ct_norm_scalar
+#define NORM_SVE &ct_norm_scalar
+#endif
 
-/* The norm rows are memory bound: avx512 uses the AVX2 bodies; neon/sve bodies are not
- * written yet (scalar). */
+/* The norm rows are memory bound: avx512 uses the AVX2 bodies; neon is lane for lane the
+ * AVX2 body, sve vector-length agnostic. */
 const ct_norm_kernels *const ct_norm_tables[CT_ISA_COUNT] = {
     [CT_ISA_SCALAR] = &ct_norm_scalar, [CT_ISA_AVX2] = NORM_AVX2, [CT_ISA_AVX512] = NORM_AVX2,
-    [CT_ISA_NEON] = &ct_norm_scalar,   [CT_ISA_SVE] = &ct_norm_scalar,
+    [CT_ISA_NEON] = NORM_NEON,        [CT_ISA_SVE] = NORM_SVE,
 };
 
 /* ---- RMSNorm -------------------------------------------------------------------------- */
