@@ -65,18 +65,6 @@ static ct_status run_way(ct_gpt *m, const int32_t *prompt, int64_t B, int64_t T,
     return s;
 }
 
-/* Anonymous resident bytes of this process (RssAnon), 0 if unknown. */
-static size_t rss_anon(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    size_t kb = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "RssAnon: %zu kB", &kb) == 1) break;
-    if (f) fclose(f);
-    return kb * 1024;
-}
-
 /* One way of loading the directory: mapped or converted, its KV-cache generation. */
 typedef struct hf_way {
     ct_gpt *m;
@@ -89,13 +77,13 @@ typedef struct hf_way {
 
 static ct_status load_way(ct_hf_model *h, const ct_gpt_options *mo, bool mapped, hf_way *w)
 {
-    size_t a0 = rss_anon();
+    size_t a0 = bench_rss_anon();
     double t0 = bench_now();
     ct_status s = mapped ? ct_hf_map_model(h, mo, &w->m, &w->in_place)
                          : ct_gpt_create(ct_hf_get_config(h), mo, &w->m);
     if (!s && !mapped) s = ct_hf_load_params(h, w->m);
     w->load_s = bench_now() - t0;
-    size_t a1 = rss_anon();
+    size_t a1 = bench_rss_anon();
     w->anon = a1 > a0 ? a1 - a0 : 0;
     if (!s) w->mem = ct_gpt_memory_sizes(w->m);
     return s;

@@ -222,18 +222,6 @@ static ct_status run_open_small(void *p)
     return s;
 }
 
-/* Anonymous resident bytes of this process (RssAnon of /proc/self/status), 0 if unknown. */
-static size_t rss_anon(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    size_t kb = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "RssAnon: %zu kB", &kb) == 1) break;
-    if (f) fclose(f);
-    return kb * 1024;
-}
-
 typedef struct load_case {
     const char *dir;
     bool mapped;
@@ -244,7 +232,7 @@ static ct_status run_load(void *p)
 {
     load_case *l = p;
     ct_memory_stats_t m0, m1;
-    size_t a0 = rss_anon();
+    size_t a0 = bench_rss_anon();
     ct_memory_stats(&m0);
     ct_hf_model *h;
     ct_status s = ct_hf_open(l->dir, &h);
@@ -255,7 +243,7 @@ static ct_status run_load(void *p)
     ct_gpt *m = NULL;
     s = l->mapped ? ct_hf_map_model(h, &o, &m, NULL) : ct_gpt_create(ct_hf_get_config(h), &o, &m);
     if (!s && !l->mapped) s = ct_hf_load_params(h, m);
-    size_t a1 = rss_anon();
+    size_t a1 = bench_rss_anon();
     ct_memory_stats(&m1);
     l->anon = a1 > a0 ? a1 - a0 : 0;
     l->tracked = m1.current_bytes > m0.current_bytes ? m1.current_bytes - m0.current_bytes : 0;

@@ -1,5 +1,8 @@
 #include "bench_util.h"
 
+#ifdef __linux__
+#include <malloc.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +54,30 @@ size_t bench_peak_rss(void)
         if (!strncmp(line, "VmHWM:", 6)) kb = strtoull(line + 6, NULL, 10);
     fclose(f);
     return kb * 1024;
+}
+
+size_t bench_rss_anon(void)
+{
+#ifdef __GLIBC__
+    /* give back what the allocator keeps of freed blocks, or reusing it hides the growth */
+    malloc_trim(0);
+#endif
+    size_t kb = 0;
+    bool found = false;
+    char line[256];
+    FILE *f = fopen("/proc/self/status", "r");
+    while (f && !found && fgets(line, sizeof line, f))
+        found = sscanf(line, "RssAnon: %zu kB", &kb) == 1;
+    if (f) fclose(f);
+    if (found) return kb * 1024;
+    /* kernels (and sandboxes) without RssAnon: resident minus file-backed pages */
+    unsigned long long size = 0, resident = 0, shared = 0;
+    f = fopen("/proc/self/statm", "r");
+    bool ok = f && fscanf(f, "%llu %llu %llu", &size, &resident, &shared) == 3;
+    if (f) fclose(f);
+    long page = sysconf(_SC_PAGESIZE);
+    if (!ok || page <= 0 || resident < shared) return 0;
+    return (size_t)(resident - shared) * (size_t)page;
 }
 
 typedef struct {

@@ -26,6 +26,10 @@ double bench_now(void);
 ct_status bench_time_fn(int repeats, ct_status (*fn)(void *), void *arg, bench_time *out);
 /* Peak resident set size of this process in bytes (VmHWM), 0 if unknown. */
 size_t bench_peak_rss(void);
+/* Anonymous resident bytes of this process (RssAnon, else statm's resident - shared pages),
+ * after handing freed heap memory back to the system (glibc malloc_trim) so that a growth
+ * measured between two calls is not hidden by the allocator reusing freed pages; 0 if unknown. */
+size_t bench_rss_anon(void);
 /* Measured sgemm GFLOP/s (square 2048, median of 5), for the ratio of every benchmark. */
 double bench_sgemm_gflops(void);
 /* JSON object of a bench_time {"median_s", "min_s", "max_s", "repeats"}. */
