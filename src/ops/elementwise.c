@@ -2,7 +2,7 @@
  *
  * The activation bodies sit behind the kernel tables of elementwise_kernels.h: the scalar
  * ones (elementwise_scalar.c) use libm (erfcf, expf) and are the reference the vector bodies
- * (elementwise_avx2.c, _neon.c, _sve.c) are tested against. Both compute GELU as x Phi(x) with
+ * (elementwise_avx2.c, _avx512.c, _neon.c, _sve.c) are tested against. Both compute GELU as x Phi(x) with
  * Phi(x) = erfc(-x / sqrt 2) / 2 and the tanh form as x sigmoid(2u): algebraically the
  * PyTorch formulas, without the cancellation of 1 + erf / 1 + tanh for negative x. */
 #include "core/internal.h"
@@ -17,8 +17,10 @@
 
 #if defined(__x86_64__)
 #define EW_AVX2 &ct_elementwise_avx2
+#define EW_AVX512 &ct_elementwise_avx512
 #else
 #define EW_AVX2 &ct_elementwise_scalar
+#define EW_AVX512 &ct_elementwise_scalar
 #endif
 #if defined(__aarch64__)
 #define EW_NEON &ct_elementwise_neon
@@ -28,9 +30,8 @@
 #define EW_SVE &ct_elementwise_scalar
 #endif
 
-/* avx512 uses the AVX2 bodies (not measured to pay yet). */
 const ct_elementwise_kernels *const ct_elementwise_tables[CT_ISA_COUNT] = {
-    [CT_ISA_SCALAR] = &ct_elementwise_scalar, [CT_ISA_AVX2] = EW_AVX2, [CT_ISA_AVX512] = EW_AVX2,
+    [CT_ISA_SCALAR] = &ct_elementwise_scalar, [CT_ISA_AVX2] = EW_AVX2, [CT_ISA_AVX512] = EW_AVX512,
     [CT_ISA_NEON] = EW_NEON,                  [CT_ISA_SVE] = EW_SVE,
 };
 

@@ -8,8 +8,10 @@
 
 #if defined(__x86_64__)
 #define SOFTMAX_AVX2 &ct_softmax_avx2
+#define SOFTMAX_AVX512 &ct_softmax_avx512
 #else
 #define SOFTMAX_AVX2 &ct_softmax_portable
+#define SOFTMAX_AVX512 &ct_softmax_portable
 #endif
 
 #if defined(__aarch64__)
@@ -20,11 +22,11 @@
 #define SOFTMAX_SVE &ct_softmax_portable
 #endif
 
-/* avx512 uses the AVX2 bodies (the rows are memory bound); neon/sve have their own bodies
- * on AArch64 (softmax_neon.c, softmax_sve.c), the portable C elsewhere. */
+/* neon/sve have their own bodies on AArch64 (softmax_neon.c, softmax_sve.c), the portable C
+ * elsewhere. */
 const ct_softmax_kernels *const ct_softmax_tables[CT_ISA_COUNT] = {
     [CT_ISA_SCALAR] = &ct_softmax_scalar,  [CT_ISA_AVX2] = SOFTMAX_AVX2,
-    [CT_ISA_AVX512] = SOFTMAX_AVX2,        [CT_ISA_NEON] = SOFTMAX_NEON,
+    [CT_ISA_AVX512] = SOFTMAX_AVX512,       [CT_ISA_NEON] = SOFTMAX_NEON,
     [CT_ISA_SVE] = SOFTMAX_SVE,
 };
 

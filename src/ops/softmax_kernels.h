@@ -3,8 +3,8 @@
  * reductions (max, sum of exp, sum, dot) are the vecmath primitives of vecmath_kernels.h;
  * the bodies add the per-element passes. Bodies: softmax_scalar.c (ct_softmax_scalar over
  * ct_vec_scalar; ct_softmax_portable, the same C over the active vecmath table, for the
- * instruction sets without softmax bodies of their own), softmax_avx2.c (ct_vec_avx2 and
- * AVX2 element passes, exp = ct_exp256). Each row is a pure function of its inputs. */
+ * instruction sets without softmax bodies of their own), softmax_avx2.c and softmax_avx512.c
+ * (softmax_x86.h at 8 and 16 lanes over ct_vec_avx2 / ct_vec_avx512: the same bits). Each row is a pure function of its inputs. */
 #ifndef CT_OPS_SOFTMAX_KERNELS_H
 #define CT_OPS_SOFTMAX_KERNELS_H
 
@@ -31,6 +31,7 @@ extern const ct_softmax_kernels ct_softmax_scalar;
 extern const ct_softmax_kernels ct_softmax_portable;
 #if defined(__x86_64__)
 extern const ct_softmax_kernels ct_softmax_avx2;
+extern const ct_softmax_kernels ct_softmax_avx512; /* bitwise the AVX2 bodies */
 #endif
 #if defined(__aarch64__)
 extern const ct_softmax_kernels ct_softmax_neon; /* softmax_neon.c: bitwise the AVX2 bodies */

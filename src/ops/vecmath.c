@@ -4,8 +4,10 @@
 
 #if defined(__x86_64__)
 #define VEC_AVX2 &ct_vec_avx2
+#define VEC_AVX512 &ct_vec_avx512
 #else
 #define VEC_AVX2 &ct_vec_scalar
+#define VEC_AVX512 &ct_vec_scalar
 #endif
 
 #if defined(__aarch64__)
@@ -16,9 +18,8 @@
 #define VEC_SVE &ct_vec_scalar
 #endif
 
-/* avx512 has no bodies of its own here (the AVX2 ones are memory bound). */
 const ct_vec_kernels *const ct_vec_tables[CT_ISA_COUNT] = {
-    [CT_ISA_SCALAR] = &ct_vec_scalar, [CT_ISA_AVX2] = VEC_AVX2, [CT_ISA_AVX512] = VEC_AVX2,
+    [CT_ISA_SCALAR] = &ct_vec_scalar, [CT_ISA_AVX2] = VEC_AVX2, [CT_ISA_AVX512] = VEC_AVX512,
     [CT_ISA_NEON] = VEC_NEON,         [CT_ISA_SVE] = VEC_SVE,
 };
 

@@ -1,6 +1,7 @@
 /* Row primitives (softmax / cross-entropy / attention rows): the private kernel table.
  * Bodies: vecmath_scalar.c (libm expf, the reference order), vecmath_avx2.c (8-lane
- * accumulators folded by ct_hsum256, exp = ct_exp256, relative error < 2e-7). The entry
+ * accumulators folded by ct_hsum256, exp = ct_exp256, relative error < 2e-7), vecmath_avx512.c
+ * (16-lane exp and element passes, the AVX2 summation order: the same bits). The entry
  * points of vecmath.h index ct_vec_tables by the active instruction set. */
 #ifndef CT_OPS_VECMATH_KERNELS_H
 #define CT_OPS_VECMATH_KERNELS_H
@@ -21,6 +22,7 @@ typedef struct ct_vec_kernels {
 extern const ct_vec_kernels ct_vec_scalar;
 #if defined(__x86_64__)
 extern const ct_vec_kernels ct_vec_avx2;
+extern const ct_vec_kernels ct_vec_avx512; /* vecmath_avx512.c: bitwise the AVX2 body */
 #endif
 #if defined(__aarch64__)
 extern const ct_vec_kernels ct_vec_neon; /* vecmath_neon.c: bitwise the AVX2 body */

@@ -607,6 +607,66 @@ static void test_same_bits(ct_isa a, ct_isa b, int sums_bitwise)
     CHECK(sums_bitwise ? !memcmp(l1, l2, sizeof l1) : close_rel(l1, l2, 16, 1e-6f));
 }
 
+/* avx512 vs avx2 bit for bit at every tail class of both widths (n mod 16 below, at and above
+ * 8): the row primitives, the activations (f32 and bf16), the softmax rows. */
+static void test_same_bits_tails(ct_isa a, ct_isa b)
+{
+    static const int64_t ns[] = {1, 5, 8, 13, 16, 24, 29, 33, 997};
+    enum { M = 1000 };
+    static float x[M], g[M], p1[M], p2[M], q1[M], q2[M];
+    static uint16_t xb[M], gb[M], h1[M], h2[M], k1[M], k2[M];
+    t_fill(x, M, -10, 10);
+    t_fill(g, M, -2, 2);
+    for (int i = 0; i < M; i++) xb[i] = ct_f32_to_bf16(x[i]), gb[i] = ct_f32_to_bf16(g[i]);
+    const ct_vec_kernels *va = ct_vec_tables[a], *vb = ct_vec_tables[b];
+    const ct_elementwise_kernels *ea = ct_elementwise_tables[a], *eb = ct_elementwise_tables[b];
+    const ct_softmax_kernels *sa = ct_softmax_tables[a], *sb = ct_softmax_tables[b];
+    int bad = 0;
+#define SAME(p, q, n) (bad += memcmp(p, q, (size_t)(n) * sizeof *(p)) != 0)
+    for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
+        int64_t n = ns[t];
+        float e1 = va->vexpsum(p1, x, 2.0f, n), e2 = vb->vexpsum(p2, x, 2.0f, n);
+        bad += memcmp(&e1, &e2, 4) != 0;
+        SAME(p1, p2, n);
+        float m1 = va->vmax(x, n), m2 = vb->vmax(x, n), d1 = va->vdot(x, g, n), d2 = vb->vdot(x, g, n);
+        bad += memcmp(&m1, &m2, 4) != 0 || memcmp(&d1, &d2, 4) != 0;
+        memcpy(p1, g, sizeof g), memcpy(p2, g, sizeof g);
+        va->vaxpy(p1, 0.37f, x, n), vb->vaxpy(p2, 0.37f, x, n);
+        va->vscale(p1, 1.3f, n), vb->vscale(p2, 1.3f, n);
+        SAME(p1, p2, M);
+        for (int kind = 0; kind < 3; kind++) {
+            ea->act_forward(kind, p1, x, n, 0), eb->act_forward(kind, p2, x, n, 0);
+            ea->act_backward(kind, q1, g, x, n, 0), eb->act_backward(kind, q2, g, x, n, 0);
+            SAME(p1, p2, n), SAME(q1, q2, n);
+            ea->act_forward(kind, h1, xb, n, 1), eb->act_forward(kind, h2, xb, n, 1);
+            ea->act_backward(kind, k1, gb, xb, n, 1), eb->act_backward(kind, k2, gb, xb, n, 1);
+            SAME(h1, h2, n), SAME(k1, k2, n);
+        }
+        ea->swiglu_forward(p1, x, g, n, 0), eb->swiglu_forward(p2, x, g, n, 0);
+        SAME(p1, p2, n);
+        ea->swiglu_backward(p1, q1, g, x, g, n, 0), eb->swiglu_backward(p2, q2, g, x, g, n, 0);
+        SAME(p1, p2, n), SAME(q1, q2, n);
+        ea->swiglu_backward(h1, k1, gb, xb, gb, n, 1), eb->swiglu_backward(h2, k2, gb, xb, gb, n, 1);
+        SAME(h1, h2, n), SAME(k1, k2, n);
+        /* softmax rows: one row of n, and n rows of 1 */
+        int64_t rows = n <= 33 ? 3 : 1;
+        sa->softmax_rows(p1, x, 0, rows, n), sb->softmax_rows(p2, x, 0, rows, n);
+        SAME(p1, p2, rows * n);
+        sa->softmax_backward_rows(q1, g, p1, 0, rows, n), sb->softmax_backward_rows(q2, g, p2, 0, rows, n);
+        SAME(q1, q2, rows * n);
+        sa->log_softmax_rows(p1, x, 0, rows, n), sb->log_softmax_rows(p2, x, 0, rows, n);
+        SAME(p1, p2, rows * n);
+        sa->log_softmax_backward_rows(q1, g, p1, 0, rows, n), sb->log_softmax_backward_rows(q2, g, p2, 0, rows, n);
+        SAME(q1, q2, rows * n);
+        sa->logsumexp_rows(p1, x, 0, rows, n), sb->logsumexp_rows(p2, x, 0, rows, n);
+        SAME(p1, p2, rows);
+    }
+#undef SAME
+    printf("test_kernels_isa: %s vs %s bit for bit at n = 1 .. 997 (every tail class): %d differ\n",
+           ct_isa_name(b), ct_isa_name(a), bad);
+    CHECK(bad == 0);
+}
+
 int main(void)
 {
     ct_isa simd[CT_ISA_COUNT], active = ct_active_isa();
@@ -632,8 +692,10 @@ int main(void)
         if (isa != CT_ISA_SCALAR) simd[nsimd++] = isa;
     }
     for (int i = 1; i < nsimd; i++)
-        if (simd[0] == CT_ISA_AVX2 && simd[i] == CT_ISA_AVX512)
+        if (simd[0] == CT_ISA_AVX2 && simd[i] == CT_ISA_AVX512) {
             test_same_bits(simd[0], simd[i], 1);
+            test_same_bits_tails(simd[0], simd[i]);
+        }
         else if (simd[0] == CT_ISA_NEON && simd[i] == CT_ISA_SVE)
             test_same_bits(simd[0], simd[i], 0);
     CHECK_OK(ct_set_isa(active));
