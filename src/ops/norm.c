@@ -152,8 +152,10 @@ static void run_rows_fwd(norm_ctx *c, rows_fn fn)
 
 #if defined(__x86_64__)
 #define NORM_AVX2 &ct_norm_avx2
+#define NORM_AVX512 &ct_norm_avx512
 #else
 #define NORM_AVX2 &ct_norm_scalar
+#define NORM_AVX512 &ct_norm_scalar
 #endif
 #if defined(__aarch64__)
 #define NORM_NEON &ct_norm_neon
@@ -163,10 +165,9 @@ static void run_rows_fwd(norm_ctx *c, rows_fn fn)
 #define NORM_SVE &ct_norm_scalar
 #endif
 
-/* The norm rows are memory bound: avx512 uses the AVX2 bodies; neon is lane for lane the
- * AVX2 body, sve vector-length agnostic. */
+/* avx512 and neon are bitwise the AVX2 bodies, sve vector-length agnostic. */
 const ct_norm_kernels *const ct_norm_tables[CT_ISA_COUNT] = {
-    [CT_ISA_SCALAR] = &ct_norm_scalar, [CT_ISA_AVX2] = NORM_AVX2, [CT_ISA_AVX512] = NORM_AVX2,
+    [CT_ISA_SCALAR] = &ct_norm_scalar, [CT_ISA_AVX2] = NORM_AVX2, [CT_ISA_AVX512] = NORM_AVX512,
     [CT_ISA_NEON] = NORM_NEON,        [CT_ISA_SVE] = NORM_SVE,
 };
 

@@ -1,6 +1,7 @@
 /* RMSNorm and LayerNorm row kernels (private table). Bodies: norm_scalar.c (plain loops,
  * left-to-right f32 sums), norm_avx2.c (AVX2 + FMA, two 8-lane accumulators folded by
- * ct_hsum256), norm_neon.c (lane for lane the AVX2 bodies, ct_hsum_n8), norm_sve.c (vector-
+ * ct_hsum256), norm_avx512.c (the two accumulators as the halves of one 16-lane one: the same
+ * bits), norm_neon.c (lane for lane the AVX2 bodies, ct_hsum_n8), norm_sve.c (vector-
  * length agnostic whilelt loops, one accumulator folded by svaddv). bf selects bf16 arrays (0: f32); statistics and maths are f32 either way.
  * Each row is a pure function of its inputs, so the bits never depend on the row split. */
 #ifndef CT_NORM_KERNELS_H
@@ -32,6 +33,7 @@ typedef struct ct_norm_kernels {
 extern const ct_norm_kernels ct_norm_scalar;
 #if defined(__x86_64__)
 extern const ct_norm_kernels ct_norm_avx2;
+extern const ct_norm_kernels ct_norm_avx512; /* norm_avx512.c: bitwise the AVX2 bodies */
 #endif
 #if defined(__aarch64__)
 extern const ct_norm_kernels ct_norm_neon; /* norm_neon.c: bitwise the AVX2 bodies */

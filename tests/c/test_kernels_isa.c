@@ -608,7 +608,8 @@ static void test_same_bits(ct_isa a, ct_isa b, int sums_bitwise)
 }
 
 /* avx512 vs avx2 bit for bit at every tail class of both widths (n mod 16 below, at and above
- * 8): the row primitives, the activations (f32 and bf16), the softmax rows. */
+ * 8): the row primitives, the activations (f32 and bf16), the softmax rows, the RMSNorm and
+ * LayerNorm rows. */
 static void test_same_bits_tails(ct_isa a, ct_isa b)
 {
     static const int64_t ns[] = {1, 5, 8, 13, 16, 24, 29, 33, 997};
@@ -660,6 +661,35 @@ static void test_same_bits_tails(ct_isa a, ct_isa b)
         SAME(q1, q2, rows * n);
         sa->logsumexp_rows(p1, x, 0, rows, n), sb->logsumexp_rows(p2, x, 0, rows, n);
         SAME(p1, p2, rows);
+        /* RMSNorm / LayerNorm rows, forward and backward, with and without weight (and bias),
+         * f32 and bf16; the weight-gradient rows accumulate into pw / pb */
+        const ct_norm_kernels *na = ct_norm_tables[a], *nb = ct_norm_tables[b];
+        float r1[3], r2[3], mu1[3], mu2[3];
+        for (int bf = 0; bf < 2; bf++)
+            for (int hw = 0; hw < 2; hw++) {
+                const void *in = bf ? (const void *)xb : x, *gr = bf ? (const void *)gb : g;
+                const void *wt = hw ? (bf ? (const void *)gb : g) : NULL;
+                void *o1 = bf ? (void *)h1 : p1, *o2 = bf ? (void *)h2 : p2;
+                size_t es = bf ? 2 : 4, len = (size_t)(rows * n) * es;
+                na->rms_forward_rows(o1, r1, in, wt, 0, rows, n, 1e-5f, bf);
+                nb->rms_forward_rows(o2, r2, in, wt, 0, rows, n, 1e-5f, bf);
+                bad += memcmp(o1, o2, len) != 0 || memcmp(r1, r2, 4 * (size_t)rows) != 0;
+                for (int i = 0; i < n; i++) q1[i] = q2[i] = 0.25f;
+                na->rms_backward_rows(o1, q1, gr, in, wt, r1, 0, rows, n, bf);
+                nb->rms_backward_rows(o2, q2, gr, in, wt, r1, 0, rows, n, bf);
+                bad += memcmp(o1, o2, len) != 0 || memcmp(q1, q2, 4 * (size_t)n) != 0;
+                na->ln_forward_rows(o1, mu1, r1, in, wt, wt, 0, rows, n, 1e-5f, bf);
+                nb->ln_forward_rows(o2, mu2, r2, in, wt, wt, 0, rows, n, 1e-5f, bf);
+                bad += memcmp(o1, o2, len) != 0 || memcmp(r1, r2, 4 * (size_t)rows) != 0 ||
+                       memcmp(mu1, mu2, 4 * (size_t)rows) != 0;
+                for (int i = 0; i < n; i++) q1[i] = q2[i] = 0.25f, p1[M - 1 - i] = p2[M - 1 - i] = -0.5f;
+                float *pb1 = hw ? p1 + M - n : NULL, *pb2 = hw ? p2 + M - n : NULL;
+                if (!bf || n > 500) pb1 = pb2 = NULL; /* p1 / p2 hold the f32 outputs */
+                na->ln_backward_rows(o1, q1, pb1, gr, in, wt, mu1, r1, 0, rows, n, bf);
+                nb->ln_backward_rows(o2, q2, pb2, gr, in, wt, mu1, r1, 0, rows, n, bf);
+                bad += memcmp(o1, o2, len) != 0 || memcmp(q1, q2, 4 * (size_t)n) != 0;
+                if (pb1) bad += memcmp(pb1, pb2, 4 * (size_t)n) != 0;
+            }
     }
 #undef SAME
     printf("test_kernels_isa: %s vs %s bit for bit at n = 1 .. 997 (every tail class): %d differ\n",
