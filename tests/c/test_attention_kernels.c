@@ -30,7 +30,7 @@ int main(void)
     /* Layouts: 0 A read transposed with a stride (element (i, k) at A[i + k * 2M]) and B rows
      * N + 3 apart; 1 A row-major with a row stride (A[i * (K + 5) + k]) and B rows 1024 apart
      * (the power-of-two row stride for which the AVX-512 body packs B panels). Large K only
-     * with a few shapes (K = 520 is past that body's packing limit). */
+     * with a few shapes (K = 520 is past that body's packing limit of 256). */
     for (int lay = 0; lay < 2; lay++)
     for (size_t a = 0; a < NM; a++)
         for (size_t b = 0; b < NN; b++)
