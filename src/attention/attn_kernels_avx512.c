@@ -8,10 +8,12 @@
  * by more than one row block, the panel is first copied into a contiguous zero-padded buffer
  * on the stack (K <= KPACK rows). Each output element is still one FMA chain over k in
  * ascending order from zero, then the AVX2 epilogue, so results are bitwise those of the
- * AVX2 kernel; only the width and the blocking differ. */
+ * AVX2 kernel; only the width and the blocking differ. Also AVX-512 bodies of dsoftmax and
+ * apply_keep (element-wise, the AVX2 operations on 16 lanes). */
 #include "attention/attn_kernels.h"
 
 #include <immintrin.h>
+#include <math.h>
 
 #define AI static inline __attribute__((always_inline))
 
@@ -119,5 +121,46 @@ void at_gemm_avx512(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars
             ROWS(8, K16_CASES8(1))
         }
         j0 += nr;
+    }
+}
+
+/* ---- element-wise tile passes: the AVX2 operations on 16 lanes ------------------------- */
+
+/* Row by row (the AVX2 body walks 8-column strips down the tile; each element is the same
+ * mul(p, sub(dp, D)) either way), an 8-lane strip for ncols = 8 mod 16. */
+void at_dsoftmax_avx512(const float *P, float *dP, int64_t nk, int64_t ld, int64_t ncols,
+                        const float *D)
+{
+    int64_t n16 = ncols & ~(int64_t)15;
+    for (int64_t j = 0; j < nk; j++) {
+        const float *p = P + j * ld;
+        float *q = dP + j * ld;
+        for (int64_t i = 0; i < n16; i += 16)
+            _mm512_storeu_ps(q + i, _mm512_mul_ps(_mm512_loadu_ps(p + i),
+                                                  _mm512_sub_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(D + i))));
+        if (n16 < ncols)
+            _mm256_storeu_ps(q + n16, _mm256_mul_ps(_mm256_loadu_ps(p + n16),
+                                                    _mm256_sub_ps(_mm256_loadu_ps(q + n16), _mm256_loadu_ps(D + n16))));
+    }
+}
+
+/* 16 keep bytes compared with zero into a lane mask; -inf stored under it. */
+void at_apply_keep_avx512(float *S, int64_t ld, const uint8_t *keep, int64_t kld, int64_t nk,
+                          int64_t nq)
+{
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < nk; j++) {
+        float *s = S + j * ld;
+        const uint8_t *k = keep + j * kld;
+        int64_t i = 0;
+        for (; i + 16 <= nq; i += 16) {
+            __mmask16 drop = _mm_cmpeq_epi8_mask(_mm_loadu_si128((const __m128i *)(k + i)), _mm_setzero_si128());
+            if (drop) _mm512_mask_storeu_ps(s + i, drop, ninf);
+        }
+        if (i < nq) {
+            __mmask16 in = (__mmask16)((1u << (nq - i)) - 1);
+            __mmask16 drop = _mm_mask_cmpeq_epi8_mask(in, _mm_maskz_loadu_epi8(in, k + i), _mm_setzero_si128());
+            if (drop) _mm512_mask_storeu_ps(s + i, drop, ninf);
+        }
     }
 }

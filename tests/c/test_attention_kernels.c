@@ -3,7 +3,7 @@
  * one within rounding, for every edge shape of the blockings (M, N, K odd and past the
  * row / column blocks), A transposed or row-major with a stride, B with a padded or a
  * power-of-two row stride (the AVX-512 body packs B panels for the latter), and accumulate
- * (with and without the row scale). */
+ * (with and without the row scale); dsoftmax and apply_keep give the scalar bits. */
 #include "test_util.h"
 #include "attention/attn_kernels.h"
 #include "core/internal.h"
@@ -77,5 +77,39 @@ int main(void)
                     }
                     free(A), free(B), free(C0), free(Cs), free(Cv), free(C1);
                 }
+    /* The element-wise tile passes are exact per element: every vector body gives the scalar
+     * bits, for row counts, column counts past and short of the vector widths and keep
+     * patterns with whole 16-byte groups kept. */
+    int64_t nks[] = {1, 5, 64}, ncs[] = {8, 16, 24, 40, 128}, nqs[] = {1, 7, 15, 16, 17, 33, 127, 128};
+    for (size_t a = 0; a < 3; a++) {
+        int64_t nk = nks[a], ld = 136;
+        size_t n = (size_t)(nk * ld);
+        float *P = malloc(4 * n), *Q0 = malloc(4 * n), *Qs = malloc(4 * n), *Qv = malloc(4 * n), D[136];
+        uint8_t *keep = malloc(n);
+        t_fill(P, n, 0, 1);
+        t_fill(Q0, n, -1, 1);
+        t_fill(D, 136, -0.5f, 0.5f);
+        for (size_t e = 0; e < n; e++)
+            keep[e] = (uint8_t)((e / 16) % 3 == 0 ? 1 : (e * 2654435761u >> 7) % 3 != 0);
+        for (size_t b = 0; b < sizeof ncs / sizeof ncs[0]; b++) {
+            memcpy(Qs, Q0, 4 * n);
+            ct_attn_tables[CT_ISA_SCALAR]->dsoftmax(P, Qs, nk, ld, ncs[b], D);
+            for (int v = 0; v < nvec; v++) {
+                memcpy(Qv, Q0, 4 * n);
+                ct_attn_tables[vec[v]]->dsoftmax(P, Qv, nk, ld, ncs[b], D);
+                CHECK(!memcmp(Qs, Qv, 4 * n));
+            }
+        }
+        for (size_t b = 0; b < sizeof nqs / sizeof nqs[0]; b++) {
+            memcpy(Qs, Q0, 4 * n);
+            ct_attn_tables[CT_ISA_SCALAR]->apply_keep(Qs, ld, keep, ld - 3, nk, nqs[b]);
+            for (int v = 0; v < nvec; v++) {
+                memcpy(Qv, Q0, 4 * n);
+                ct_attn_tables[vec[v]]->apply_keep(Qv, ld, keep, ld - 3, nk, nqs[b]);
+                CHECK(!memcmp(Qs, Qv, 4 * n));
+            }
+        }
+        free(P), free(Q0), free(Qs), free(Qv), free(keep);
+    }
     return t_report("test_attention_kernels");
 }
