@@ -4,7 +4,7 @@
  * never depends on how work is split), which keeps attention deterministic. Layout: the
  * entry points below (attn_kernels.c) call the active instruction set's ct_attn_kernels
  * table; bodies in attn_kernels_scalar.c, attn_kernels_avx2.c, attn_kernels_avx512.c (the
- * tile product only; the rest of the avx512 table is the AVX2 bodies). */
+ * tile product, dsoftmax and apply_keep; the rest of the avx512 table is the AVX2 bodies). */
 #ifndef CT_ATTENTION_KERNELS_H
 #define CT_ATTENTION_KERNELS_H
 
@@ -62,9 +62,13 @@ extern const ct_attn_kernels ct_attn_scalar; /* attn_kernels_scalar.c */
 extern const ct_attn_kernels *const ct_attn_tables[CT_ISA_COUNT];
 
 #if defined(__x86_64__)
-/* AVX-512 (F+BW+DQ+VL) tile product: bitwise equal to the AVX2 one (attn_kernels_avx512.c). */
+/* AVX-512 (F+BW+DQ+VL) bodies, bitwise equal to the AVX2 ones (attn_kernels_avx512.c). */
 void at_gemm_avx512(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, int64_t acs,
                     const float *B, int64_t ldb, float *C, int64_t ldc, bool acc, const float *rs);
+void at_dsoftmax_avx512(const float *P, float *dP, int64_t nk, int64_t ld, int64_t ncols,
+                        const float *D);
+void at_apply_keep_avx512(float *S, int64_t ld, const uint8_t *keep, int64_t kld, int64_t nk,
+                          int64_t nq);
 
 /* AVX2 bodies. */
 void at_gemm_avx2(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, int64_t acs,
