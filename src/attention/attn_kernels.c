@@ -5,9 +5,9 @@
 static const ct_attn_kernels attn_avx2 = {at_gemm_avx2,      at_softmax_update_avx2, at_exp_sub_avx2,
                                           at_dsoftmax_avx2,  at_apply_keep_avx2,     at_pack_t_avx2,
                                           at_softcap_fwd_avx2, at_softcap_bwd_avx2};
-static const ct_attn_kernels attn_avx512 = {at_gemm_avx512,      at_softmax_update_avx2, at_exp_sub_avx2,
-                                            at_dsoftmax_avx512,  at_apply_keep_avx512,   at_pack_t_avx2,
-                                            at_softcap_fwd_avx2, at_softcap_bwd_avx2};
+static const ct_attn_kernels attn_avx512 = {
+    at_gemm_avx512,       at_softmax_update_avx512, at_exp_sub_avx512,     at_dsoftmax_avx512,
+    at_apply_keep_avx512, at_pack_t_avx2,           at_softcap_fwd_avx512, at_softcap_bwd_avx512};
 #define ATTN_AVX2 &attn_avx2
 #define ATTN_AVX512 &attn_avx512
 #else

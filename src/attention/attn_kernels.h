@@ -69,6 +69,11 @@ void at_dsoftmax_avx512(const float *P, float *dP, int64_t nk, int64_t ld, int64
                         const float *D);
 void at_apply_keep_avx512(float *S, int64_t ld, const uint8_t *keep, int64_t kld, int64_t nk,
                           int64_t nq);
+void at_softmax_update_avx512(float *S, int64_t nk, int64_t ld, int64_t ncols, float *m, float *l,
+                              float *alpha);
+void at_exp_sub_avx512(float *S, int64_t nk, int64_t ld, int64_t ncols, const float *lse);
+void at_softcap_fwd_avx512(float *x, int64_t n, float cap);
+void at_softcap_bwd_avx512(const float *s, float *g, int64_t n, float cap);
 
 /* AVX2 bodies. */
 void at_gemm_avx2(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, int64_t acs,

@@ -8,11 +8,12 @@
  * by more than one row block, the panel is first copied into a contiguous zero-padded buffer
  * on the stack (K <= KPACK rows). Each output element is still one FMA chain over k in
  * ascending order from zero, then the AVX2 epilogue, so results are bitwise those of the
- * AVX2 kernel; only the width and the blocking differ. Also AVX-512 bodies of dsoftmax and
- * apply_keep (element-wise, the AVX2 operations on 16 lanes). */
+ * AVX2 kernel; only the width and the blocking differ. Also AVX-512 bodies of dsoftmax,
+ * apply_keep, the online softmax update, exp_sub and the soft-capping (element-wise or per
+ * column, the AVX2 operations on 16 lanes with simd_x86.h's exp and tanh: the same bits). */
 #include "attention/attn_kernels.h"
+#include "simd/simd_avx512.h"
 
-#include <immintrin.h>
 #include <math.h>
 
 #define AI static inline __attribute__((always_inline))
@@ -162,5 +163,80 @@ void at_apply_keep_avx512(float *S, int64_t ld, const uint8_t *keep, int64_t kld
             __mmask16 drop = _mm_mask_cmpeq_epi8_mask(in, _mm_maskz_loadu_epi8(in, k + i), _mm_setzero_si128());
             if (drop) _mm512_mask_storeu_ps(s + i, drop, ninf);
         }
+    }
+}
+
+/* ---- column-wise softmax pieces and soft-capping: 16 columns a step ---------------------- */
+
+/* Columns [i, i + 16) of the tile under mask mk (the 8 columns of a last half step): the
+ * AVX2 body per column, including its two row accumulators (even and odd rows). */
+AI void softmax_update16(float *S, int64_t nk, int64_t ld, int64_t i, __mmask16 mk, float *m,
+                         float *l, float *alpha)
+{
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
+    __m512 mo = _mm512_maskz_loadu_ps(mk, m + i), mx = mo;
+    float *s = S + i;
+    for (int64_t j = 0; j < nk; j++) mx = _mm512_max_ps(mx, _mm512_maskz_loadu_ps(mk, s + j * ld));
+    __m512 use = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mx, ninf, _CMP_EQ_OQ), mx, zero);
+    __m512 a = cv_exp(_mm512_sub_ps(mo, use));
+    __m512 sum0 = zero, sum1 = zero;
+    int64_t j = 0;
+    for (; j + 2 <= nk; j += 2) {
+        __m512 p0 = cv_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j * ld), use));
+        __m512 p1 = cv_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + (j + 1) * ld), use));
+        _mm512_mask_storeu_ps(s + j * ld, mk, p0);
+        _mm512_mask_storeu_ps(s + (j + 1) * ld, mk, p1);
+        sum0 = _mm512_add_ps(sum0, p0);
+        sum1 = _mm512_add_ps(sum1, p1);
+    }
+    if (j < nk) {
+        __m512 p0 = cv_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j * ld), use));
+        _mm512_mask_storeu_ps(s + j * ld, mk, p0);
+        sum0 = _mm512_add_ps(sum0, p0);
+    }
+    __m512 lv = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, l + i), a, _mm512_add_ps(sum0, sum1));
+    _mm512_mask_storeu_ps(l + i, mk, lv);
+    _mm512_mask_storeu_ps(m + i, mk, mx);
+    _mm512_mask_storeu_ps(alpha + i, mk, a);
+}
+
+void at_softmax_update_avx512(float *S, int64_t nk, int64_t ld, int64_t ncols, float *m, float *l,
+                              float *alpha)
+{
+    int64_t i = 0;
+    for (; i + 16 <= ncols; i += 16) softmax_update16(S, nk, ld, i, 0xFFFF, m, l, alpha);
+    if (i < ncols) softmax_update16(S, nk, ld, i, 0x00FF, m, l, alpha); /* ncols % 8 == 0 */
+}
+
+void at_exp_sub_avx512(float *S, int64_t nk, int64_t ld, int64_t ncols, const float *lse)
+{
+    for (int64_t i = 0; i < ncols; i += 16) {
+        __mmask16 mk = ncols - i >= 16 ? 0xFFFF : 0x00FF;
+        __m512 lv = _mm512_maskz_loadu_ps(mk, lse + i);
+        for (int64_t j = 0; j < nk; j++) {
+            float *p = S + j * ld + i;
+            _mm512_mask_storeu_ps(p, mk, cv_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, p), lv)));
+        }
+    }
+}
+
+void at_softcap_fwd_avx512(float *x, int64_t n, float cap)
+{
+    const __m512 c = _mm512_set1_ps(cap), ic = _mm512_set1_ps(1.0f / cap);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 mk = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_mul_ps(c, cv_tanh(_mm512_mul_ps(_mm512_maskz_loadu_ps(mk, x + i), ic)));
+        _mm512_mask_storeu_ps(x + i, mk, v);
+    }
+}
+
+void at_softcap_bwd_avx512(const float *s, float *g, int64_t n, float cap)
+{
+    const __m512 ic = _mm512_set1_ps(1.0f / cap), one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 mk = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 t = cv_tanh(_mm512_mul_ps(_mm512_maskz_loadu_ps(mk, s + i), ic));
+        __m512 d = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, g + i), _mm512_fnmadd_ps(t, t, one));
+        _mm512_mask_storeu_ps(g + i, mk, d);
     }
 }

@@ -109,7 +109,43 @@ int main(void)
                 CHECK(!memcmp(Qs, Qv, 4 * n));
             }
         }
+        /* the online softmax update and exp_sub: per column the same operations in avx2 and
+         * avx512 (exp included), so the same bits, at column counts past and short of 16 */
+        for (size_t b = 0; b < sizeof ncs / sizeof ncs[0]; b++)
+            for (int v = 1; v < nvec; v++) {
+                if (vec[0] != CT_ISA_AVX2 || vec[v] != CT_ISA_AVX512) continue;
+                float m0[136], l0[136], al0[136], m1[136], l1[136], al1[136];
+                for (int i = 0; i < 136; i++) m0[i] = m1[i] = i % 3 ? 0.25f : -INFINITY, l0[i] = l1[i] = 0.5f;
+                memcpy(Qs, Q0, 4 * n), memcpy(Qv, Q0, 4 * n);
+                ct_attn_tables[vec[0]]->softmax_update(Qs, nk, ld, ncs[b], m0, l0, al0);
+                ct_attn_tables[vec[v]]->softmax_update(Qv, nk, ld, ncs[b], m1, l1, al1);
+                size_t nc = (size_t)ncs[b];
+                CHECK(!memcmp(Qs, Qv, 4 * n) && !memcmp(m0, m1, 4 * nc) && !memcmp(l0, l1, 4 * nc) &&
+                      !memcmp(al0, al1, 4 * nc));
+                memcpy(Qs, Q0, 4 * n), memcpy(Qv, Q0, 4 * n);
+                ct_attn_tables[vec[0]]->exp_sub(Qs, nk, ld, ncs[b], D);
+                ct_attn_tables[vec[v]]->exp_sub(Qv, nk, ld, ncs[b], D);
+                CHECK(!memcmp(Qs, Qv, 4 * n));
+            }
         free(P), free(Q0), free(Qs), free(Qv), free(keep);
+    }
+    /* soft-capping, forward and backward, every tail class of both widths */
+    for (int v = 1; v < nvec; v++) {
+        if (vec[0] != CT_ISA_AVX2 || vec[v] != CT_ISA_AVX512) continue;
+        int64_t ns[] = {1, 7, 8, 9, 15, 16, 17, 33, 100};
+        float x0[100], s0[100], s1[100], g0[100], g1[100];
+        t_fill(x0, 100, -60, 60);
+        for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
+            memcpy(s0, x0, sizeof x0), memcpy(s1, x0, sizeof x0);
+            ct_attn_tables[vec[0]]->softcap_fwd(s0, ns[t], 30.0f);
+            ct_attn_tables[vec[v]]->softcap_fwd(s1, ns[t], 30.0f);
+            CHECK(!memcmp(s0, s1, sizeof s0));
+            t_fill(g0, 100, -1, 1);
+            memcpy(g1, g0, sizeof g0);
+            ct_attn_tables[vec[0]]->softcap_bwd(x0, g0, ns[t], 30.0f);
+            ct_attn_tables[vec[v]]->softcap_bwd(x0, g1, ns[t], 30.0f);
+            CHECK(!memcmp(g0, g1, sizeof g0));
+        }
     }
     return t_report("test_attention_kernels");
 }
