@@ -9,6 +9,7 @@
 #include "core/convert_kernels.h"
 #include "ops/elementwise_kernels.h"
 #include "ops/norm_kernels.h"
+#include "ops/reduce_kernels.h"
 #include "ops/rope_kernels.h"
 #include "ops/softmax_kernels.h"
 #include "ops/vecmath_kernels.h"
@@ -31,13 +32,14 @@ typedef struct {
     uint16_t *h;
 } kcase;
 
-enum { K_EXPSUM, K_DOT, K_SOFTMAX, K_GELU, K_SWIGLU, K_RMS, K_ROPE, K_TOBF16, K_FROMBF16, K_TILE_GEMM, K_TILE_SOFTMAX, K_COUNT };
+enum { K_EXPSUM, K_DOT, K_SOFTMAX, K_ARGMAX, K_GELU, K_SWIGLU, K_RMS, K_ROPE, K_TOBF16, K_FROMBF16, K_TILE_GEMM, K_TILE_SOFTMAX, K_COUNT };
 static const struct {
     const char *family, *kernel, *unit;
 } kinfo[K_COUNT] = {
     {"rows", "vexpsum (softmax / CE row, C=4096)", "rows/s"},
     {"rows", "vdot (C=4096)", "rows/s"},
     {"softmax", "softmax rows f32 (C=4096)", "rows/s"},
+    {"reductions", "argmax rows f32 (C=4096)", "rows/s"},
     {"activations", "gelu erf forward f32 (2^20)", "GB/s"},
     {"activations", "swiglu forward f32 (2^20)", "GB/s"},
     {"norms", "rmsnorm forward rows f32 (C=4096)", "rows/s"},
@@ -51,7 +53,7 @@ static const struct {
 static double work(int which) /* units of work per call */
 {
     switch (which) {
-    case K_EXPSUM: case K_DOT: case K_SOFTMAX: case K_RMS: return ROWS;
+    case K_EXPSUM: case K_DOT: case K_SOFTMAX: case K_ARGMAX: case K_RMS: return ROWS;
     case K_GELU: return 8.0 * EW_N / 1e9;
     case K_SWIGLU: return 12.0 * EW_N / 1e9;
     case K_TOBF16: case K_FROMBF16: return 6.0 * CONV_N / 1e9;
@@ -65,7 +67,8 @@ static double work(int which) /* units of work per call */
 static double row_bytes(int which)
 {
     switch (which) {
-    case K_EXPSUM: case K_DOT: case K_SOFTMAX: case K_RMS: return 8.0 * ROW_C; /* read a row + write / read another */
+    case K_EXPSUM: case K_DOT: case K_SOFTMAX: case K_RMS: return 8.0 * ROW_C;
+    case K_ARGMAX: return 4.0 * ROW_C; /* read a row */ /* read a row + write / read another */
     default: return 0;
     }
 }
@@ -84,6 +87,12 @@ static ct_status run_case(void *p)
         for (int r = 0; r < ROWS; r++) acc += ct_vec_tables[c->isa]->vdot(c->x + (size_t)r * ROW_C, c->y, ROW_C);
         break;
     case K_SOFTMAX: ct_softmax_tables[c->isa]->softmax_rows(c->o, c->x, 0, ROWS, ROW_C); break;
+    case K_ARGMAX: {
+        int64_t idx[ROWS];
+        ct_reduce_tables[c->isa]->extreme_rows(NULL, idx, c->x, 0, ROWS, ROW_C, 1);
+        acc += (float)idx[ROWS - 1];
+        break;
+    }
     case K_GELU: ct_elementwise_tables[c->isa]->act_forward(0, c->o, c->x, EW_N, 0); break;
     case K_SWIGLU: ct_elementwise_tables[c->isa]->swiglu_forward(c->o, c->x, c->y, EW_N, 0); break;
     case K_RMS: ct_norm_tables[c->isa]->rms_forward_rows(c->o, c->rstd, c->x, c->w, 0, ROWS, ROW_C, 1e-5f, 0); break;

@@ -13,8 +13,10 @@
 
 #if defined(__x86_64__)
 #define REDUCE_AVX2 &ct_reduce_avx2
+#define REDUCE_AVX512 &ct_reduce_avx512
 #else
 #define REDUCE_AVX2 &ct_reduce_scalar
+#define REDUCE_AVX512 &ct_reduce_scalar
 #endif
 
 #if defined(__aarch64__)
@@ -25,12 +27,12 @@
 #define REDUCE_SVE &ct_reduce_scalar
 #endif
 
-/* avx512 uses the AVX2 bodies (the sums are latency bound in their fixed order, the scans
- * memory bound); neon/sve have their own max/min scans on AArch64 (reduce_neon.c,
- * reduce_sve.c; sums are the scalar bodies), the scalar table elsewhere. */
+/* avx2 / avx512 / neon / sve have their own max/min scans (their sums are the scalar bodies:
+ * latency bound in the fixed order); AArch64's bodies only on AArch64, the scalar table
+ * elsewhere. */
 const ct_reduce_kernels *const ct_reduce_tables[CT_ISA_COUNT] = {
     [CT_ISA_SCALAR] = &ct_reduce_scalar, [CT_ISA_AVX2] = REDUCE_AVX2,
-    [CT_ISA_AVX512] = REDUCE_AVX2,       [CT_ISA_NEON] = REDUCE_NEON,
+    [CT_ISA_AVX512] = REDUCE_AVX512,     [CT_ISA_NEON] = REDUCE_NEON,
     [CT_ISA_SVE] = REDUCE_SVE,
 };
 

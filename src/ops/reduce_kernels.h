@@ -39,6 +39,7 @@ void ct_reduce_sum_rows_scalar(float *out, const float *inp, int64_t r0, int64_t
 extern const ct_reduce_kernels ct_reduce_scalar;
 #if defined(__x86_64__)
 extern const ct_reduce_kernels ct_reduce_avx2;
+extern const ct_reduce_kernels ct_reduce_avx512; /* reduce_avx512.c: 16-lane max/min scans */
 #endif
 #if defined(__aarch64__)
 extern const ct_reduce_kernels ct_reduce_neon; /* reduce_neon.c: NEON max/min scan, scalar sums */

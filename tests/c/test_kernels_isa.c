@@ -196,7 +196,7 @@ static void test_rope(ct_isa isa)
 
 /* ---- norm rows, softmax rows, reductions: odd sizes, bf16, thread counts ---------------- */
 
-static const int64_t row_sizes[] = {1, 7, 8, 9, 33, 1000};
+static const int64_t row_sizes[] = {1, 7, 8, 9, 17, 33, 64, 79, 1000}; /* tails of 8 and 16 lanes */
 #define NROWSIZES (sizeof row_sizes / sizeof row_sizes[0])
 
 /* The worst |got - want| / tol over a check, printed so the margin of each bound shows. */
