@@ -24,7 +24,10 @@
  * cross-entropy (no [N, V] logits), or, as a baseline, the unfused linear + cross-entropy.
  *
  * Memory: parameters, gradients and activations are each ONE accounted allocation carved by a
- * size table (ct_gpt_memory); the optimizer moments of a trainer are a fourth. Parameters are
+ * size table (ct_gpt_memory); the optimizer moments of a trainer are a fourth. The activations
+ * (for opt.batch x opt.seq tokens) are allocated by the first forward that needs them
+ * (training, ct_gpt_logits, ct_gpt_next_logits): generation through the KV cache
+ * (ct_gpt_generate, ct_gpt_cache_*) never allocates them. Parameters are
  * laid out weights first (the tensors AdamW decays: every matrix) then the norm weights.
  *
  * Tensor names (PyTorch shapes, [out, in] for linear weights):

@@ -22,7 +22,8 @@ static size_t sat(size_t a, size_t b)
     return ct_mul_size(a, b, &r) ? r : SIZE_MAX;
 }
 
-/* One allocation for n arrays: slot i gets bytes[i] bytes at a 64-byte aligned offset. */
+/* One allocation for n arrays: slot i gets bytes[i] bytes at a 64-byte aligned offset (base
+ * NULL: only the total is computed and checked). */
 static ct_status carve(void **base, size_t *total, void ***slots, const size_t *bytes, int n)
 {
     size_t off = 0;
@@ -31,8 +32,9 @@ static ct_status carve(void **base, size_t *total, void ***slots, const size_t *
         if (a < off || !ct_add_size(a, bytes[i], &off))
             return ct_error(CT_EOVERFLOW, "ct_gpt_create: activation sizes overflow");
     }
-    CT_TRY(ct_alloc(base, off ? off : 64));
     *total = off;
+    if (!base) return CT_OK;
+    CT_TRY(ct_alloc(base, off ? off : 64));
     off = 0;
     for (int i = 0; i < n; i++) {
         off = (off + 63) & ~(size_t)63;
@@ -40,6 +42,68 @@ static ct_status carve(void **base, size_t *total, void ***slots, const size_t *
         off += bytes[i];
     }
     return CT_OK;
+}
+
+/* The activation table: [B T] rows of each quantity the backward needs, per layer, carved
+ * from one allocation (alloc) or only sized into acts_bytes (!alloc: the creation's check). */
+static ct_status acts_layout(ct_gpt *m, bool alloc)
+{
+    const ct_gpt_config *cfg = &m->cfg;
+    int64_t L = cfg->n_layer;
+    size_t B = (size_t)m->opt.batch, T = (size_t)m->opt.seq, N = sat(B, T);
+    size_t C = (size_t)cfg->d_model, E = (size_t)ct_gpt_head_dim(cfg), HE = (size_t)cfg->n_head * E;
+    size_t KE = (size_t)cfg->n_kv_head * E, F = (size_t)cfg->d_ff, Ls = (size_t)L;
+    size_t V = (size_t)cfg->vocab_size, Nf = sat(N, sizeof(float)), LNf = sat(Ls, Nf);
+    size_t NC = sat(Nf, C), LNC = sat(LNf, C); /* bytes of [N, C] and [L][N, C] */
+    gpt_acts *a = &m->a;
+    void **slots[] = {
+        (void **)&a->inp,     (void **)&a->tgt,   (void **)&a->doc,   (void **)&a->resid,
+        (void **)&a->x2,      (void **)&a->ln1,   (void **)&a->rstd1, (void **)&a->q,
+        (void **)&a->k,       (void **)&a->v,     (void **)&a->att,   (void **)&a->lse,
+        (void **)&a->ln2,     (void **)&a->rstd2, (void **)&a->gu,    (void **)&a->hb,
+        (void **)&a->lnf,     (void **)&a->rstdf, (void **)&a->dres,  (void **)&a->dtmp,
+        (void **)&a->dln,     (void **)&a->dq,    (void **)&a->dk,    (void **)&a->dv,
+        (void **)&a->datt,    (void **)&a->dgu,   (void **)&a->dh,    (void **)&a->logits,
+        (void **)&a->dlogits, (void **)&a->dmask};
+    size_t bytes[] = {Nf,
+                      Nf,
+                      Nf,
+                      sat(Ls + 1, NC),
+                      LNC,
+                      LNC,
+                      LNf,
+                      sat(LNf, HE),
+                      sat(LNf, KE),
+                      sat(LNf, KE),
+                      sat(LNf, HE),
+                      sat(LNf, (size_t)cfg->n_head),
+                      LNC,
+                      LNf,
+                      sat(LNf, 2 * F),
+                      sat(LNf, F),
+                      NC,
+                      Nf,
+                      NC,
+                      NC,
+                      NC,
+                      sat(Nf, HE),
+                      sat(Nf, KE),
+                      sat(Nf, KE),
+                      sat(Nf, HE),
+                      sat(Nf, 2 * F),
+                      sat(Nf, F),
+                      m->opt.fused_head ? 0 : sat(Nf, V),
+                      m->opt.fused_head ? 0 : sat(Nf, V),
+                      m->opt.dense_attention ? sat(B, sat(T, T)) : 0};
+    return carve(alloc ? &m->acts : NULL, &m->acts_bytes, slots, bytes,
+                 (int)(sizeof bytes / sizeof bytes[0]));
+}
+
+/* The activations are allocated at the first forward that needs them (training, ct_gpt_logits,
+ * ct_gpt_next_logits): a model that only generates through the KV cache never holds them. */
+ct_status gpt_acts_ready(ct_gpt *m)
+{
+    return m->acts ? CT_OK : acts_layout(m, true);
 }
 
 /* Register parameter tensor `name` of shape [r] or [r, c] at the next flat offset. */
@@ -228,54 +292,8 @@ ct_status gpt_create(const ct_gpt_config *cfg, const ct_gpt_options *opt, bool o
         bind(m, m->grads, &m->g);
     }
 
-    /* the activation table: [B T] rows of each quantity the backward needs, per layer */
-    size_t B = (size_t)o.batch, T = (size_t)o.seq, N = sat(B, T);
-    size_t C = (size_t)cfg->d_model, E = (size_t)ct_gpt_head_dim(cfg), HE = (size_t)cfg->n_head * E;
-    size_t KE = (size_t)cfg->n_kv_head * E, F = (size_t)cfg->d_ff, Ls = (size_t)L;
-    size_t V = (size_t)cfg->vocab_size, Nf = sat(N, sizeof(float)), LNf = sat(Ls, Nf);
-    size_t NC = sat(Nf, C), LNC = sat(LNf, C); /* bytes of [N, C] and [L][N, C] */
-    gpt_acts *a = &m->a;
-    void **slots[] = {
-        (void **)&a->inp,     (void **)&a->tgt,   (void **)&a->doc,   (void **)&a->resid,
-        (void **)&a->x2,      (void **)&a->ln1,   (void **)&a->rstd1, (void **)&a->q,
-        (void **)&a->k,       (void **)&a->v,     (void **)&a->att,   (void **)&a->lse,
-        (void **)&a->ln2,     (void **)&a->rstd2, (void **)&a->gu,    (void **)&a->hb,
-        (void **)&a->lnf,     (void **)&a->rstdf, (void **)&a->dres,  (void **)&a->dtmp,
-        (void **)&a->dln,     (void **)&a->dq,    (void **)&a->dk,    (void **)&a->dv,
-        (void **)&a->datt,    (void **)&a->dgu,   (void **)&a->dh,    (void **)&a->logits,
-        (void **)&a->dlogits, (void **)&a->dmask};
-    size_t bytes[] = {Nf,
-                      Nf,
-                      Nf,
-                      sat(Ls + 1, NC),
-                      LNC,
-                      LNC,
-                      LNf,
-                      sat(LNf, HE),
-                      sat(LNf, KE),
-                      sat(LNf, KE),
-                      sat(LNf, HE),
-                      sat(LNf, (size_t)cfg->n_head),
-                      LNC,
-                      LNf,
-                      sat(LNf, 2 * F),
-                      sat(LNf, F),
-                      NC,
-                      Nf,
-                      NC,
-                      NC,
-                      NC,
-                      sat(Nf, HE),
-                      sat(Nf, KE),
-                      sat(Nf, KE),
-                      sat(Nf, HE),
-                      sat(Nf, 2 * F),
-                      sat(Nf, F),
-                      o.fused_head ? 0 : sat(Nf, V),
-                      o.fused_head ? 0 : sat(Nf, V),
-                      o.dense_attention ? sat(B, sat(T, T)) : 0};
-    if ((s = carve(&m->acts, &m->acts_bytes, slots, bytes,
-                   (int)(sizeof bytes / sizeof bytes[0])))) {
+    /* the activations: sized (and their arithmetic checked) now, allocated at first use */
+    if ((s = acts_layout(m, false))) {
         ct_gpt_free(m);
         return s;
     }
@@ -632,6 +650,11 @@ ct_status gpt_load_batch(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T,
                 return ct_error(CT_EINVAL,
                                 "%s: tokens[%lld][%lld] = %d is outside the vocabulary [0, %lld)",
                                 fn, (long long)b, (long long)t, x, (long long)V);
+        }
+    CT_TRY(gpt_acts_ready(m));
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t <= T; t++) {
+            int32_t x = tokens[b * (T + 1) + t];
             if (t < T) m->a.inp[b * T + t] = x;
             if (t > 0) m->a.tgt[b * T + t - 1] = x;
         }
@@ -750,12 +773,13 @@ ct_status ct_gpt_next_logits(ct_gpt *m, const int32_t *tokens, int64_t T, float 
         return ct_error(CT_EINVAL, "%s: T must be in [1, seq = %lld], got %lld", fn,
                         (long long)m->opt.seq, (long long)T);
     int64_t V = m->cfg.vocab_size, C = m->cfg.d_model;
-    for (int64_t t = 0; t < T; t++) {
+    for (int64_t t = 0; t < T; t++)
         if (tokens[t] < 0 || tokens[t] >= V)
             return ct_error(CT_EINVAL, "%s: tokens[%lld] = %d is outside the vocabulary [0, %lld)",
                             fn, (long long)t, tokens[t], (long long)V);
+    CT_TRY(gpt_acts_ready(m));
+    for (int64_t t = 0; t < T; t++)
         m->a.inp[t] = tokens[t];
-    }
     CT_TRY(forward_body(m, 1, T));
     return gpt_linear(logits, V, m->a.lnf + (T - 1) * C, m->w.out, m->w.hout, NULL, 1, C, V, false,
                       false);
@@ -772,13 +796,14 @@ ct_status ct_gpt_logits(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T, 
         return ct_error(CT_EINVAL, "%s: T must be in [1, seq = %lld], got %lld", fn,
                         (long long)m->opt.seq, (long long)T);
     int64_t V = m->cfg.vocab_size, C = m->cfg.d_model;
-    for (int64_t i = 0; i < B * T; i++) {
+    for (int64_t i = 0; i < B * T; i++)
         if (tokens[i] < 0 || tokens[i] >= V)
             return ct_error(CT_EINVAL,
                             "%s: tokens[%lld][%lld] = %d is outside the vocabulary [0, %lld)", fn,
                             (long long)(i / T), (long long)(i % T), tokens[i], (long long)V);
+    CT_TRY(gpt_acts_ready(m));
+    for (int64_t i = 0; i < B * T; i++)
         m->a.inp[i] = tokens[i];
-    }
     CT_TRY(forward_body(m, B, T));
     return gpt_linear(logits, V, m->a.lnf, m->w.out, m->w.hout, NULL, B * T, C, V, false, false);
 }

@@ -124,6 +124,8 @@ void gpt_bind(const ct_gpt *m, gpt_weights *w, float *const *ptrs);
 /* The initial values of tensor i (ct_gpt_init's, from r advanced over the whole tensor);
  * rows [row0, row1) of them into dst. */
 void gpt_init_tensor(const ct_gpt *m, int i, ct_rng *r, int64_t row0, int64_t row1, float *dst);
+/* Allocate the activations if they are not yet (the first forward that needs them). */
+ct_status gpt_acts_ready(ct_gpt *m);
 /* Validate and copy a batch of B sequences of T + 1 tokens into the activations. */
 ct_status gpt_load_batch(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T, const char *fn);
 ct_status gpt_embed_forward(ct_gpt *m, int64_t B, int64_t T);          /* w.emb */

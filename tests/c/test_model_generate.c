@@ -454,6 +454,44 @@ static void test_cache_memory_and_errors(void)
     ct_gpt_free(m);
 }
 
+/* The activations (opt.batch x opt.seq tokens of training rows) are allocated by the first
+ * forward that needs them: a model that only generates through the KV cache never holds
+ * them, so a long context costs the cache, not the training buffers. */
+static void test_generate_holds_no_activations(void)
+{
+    ct_memory_stats_t m0, m1;
+    ct_memory_stats(&m0);
+    ct_memory_reset_peak();
+    model_case mc = {2048, 0, 2, -1, true, 0, false, 0};
+    ct_gpt *m = make_model(&mc, 4); /* seq = context 2048, batch 4 */
+    if (!m) return;
+    ct_gpt_memory mem = ct_gpt_memory_sizes(m);
+    CHECK(mem.activations > 4 * 2048 * 16 * 4 * 10); /* far more than the rest below */
+    ct_memory_stats(&m1);
+    CHECK(m1.current_bytes - m0.current_bytes < mem.params + mem.grads + mem.activations / 4);
+    int32_t prompt[5] = {1, 2, 3, 4, 5}, out[5 + 40];
+    ct_generate_options go = ct_generate_options_default();
+    go.max_new_tokens = 40;
+    go.sample.temperature = 0;
+    CHECK_OK(ct_gpt_generate(m, prompt, 1, 5, &go, out, NULL, NULL));
+    ct_memory_stats(&m1);
+    CHECK(m1.peak_bytes - m0.current_bytes < mem.params + mem.grads + mem.activations / 4);
+    /* the first forward allocates them (accounted), and the results are those of a model that
+     * had them from the start: the same greedy continuation with and without the cache */
+    float *lg = malloc(37 * sizeof *lg);
+    CHECK_OK(ct_gpt_next_logits(m, prompt, 5, lg));
+    ct_memory_stats(&m1);
+    CHECK(m1.current_bytes - m0.current_bytes >= mem.params + mem.grads + mem.activations);
+    int32_t out2[5 + 40];
+    go.no_cache = true;
+    CHECK_OK(ct_gpt_generate(m, prompt, 1, 5, &go, out2, NULL, NULL));
+    CHECK(!memcmp(out, out2, sizeof out));
+    free(lg);
+    ct_gpt_free(m);
+    ct_memory_stats(&m1);
+    CHECK(m1.current_bytes == m0.current_bytes);
+}
+
 static void test_token_ids_parse(void)
 {
     int32_t *ids = NULL;
@@ -502,5 +540,6 @@ int main(void)
     test_sampling();
     test_generate();
     test_cache_memory_and_errors();
+    test_generate_holds_no_activations();
     return t_report("test_model_generate");
 }
