@@ -138,6 +138,15 @@ static double case_error(kcase *c)
         ref_rmsnorm_row(y, c->x, c->w, ROW_C, 1e-5);
         for (int i = 0; i < ROW_C; i++) e = fmax(e, fabs(c->o[i] - y[i]) / (fabs(y[i]) + 1e-3));
         free(y);
+    } else if (c->which == K_SOFTMAX) {
+        double *y = malloc(sizeof(double) * ROW_C);
+        ref_softmax_row(y, c->x, ROW_C);
+        for (int i = 0; i < ROW_C; i++) e = fmax(e, fabs(c->o[i] - y[i]) / (fabs(y[i]) + 1e-30));
+        free(y);
+    } else if (c->which == K_ARGMAX) {
+        int64_t idx[ROWS];
+        ct_reduce_tables[c->isa]->extreme_rows(NULL, idx, c->x, 0, ROWS, ROW_C, 1);
+        for (int r = 0; r < ROWS; r++) e += idx[r] != ref_extreme_index(c->x + (size_t)r * ROW_C, ROW_C, 1);
     } else if (c->which == K_TOBF16) {
         for (int i = 0; i < 4096; i++) e += c->h[i] != ref_f32_to_bf16(c->o[i]);
     } else {
@@ -276,7 +285,7 @@ int bench_kernels(bench_ctx *b, int argc, char **argv)
                                     bench_time_json(&t));
             if (rb > 0) json_object_set_new(row, "gbs", json_real(rate * rb / 1e9));
             if (frac >= 0) json_object_set_new(row, gf ? "fraction_of_fma" : "fraction_of_copy", json_real(frac));
-            if (err >= 0) json_object_set_new(row, k == K_TOBF16 ? "mismatches_vs_ref" : "max_rel_err_vs_ref",
+            if (err >= 0) json_object_set_new(row, k == K_TOBF16 || k == K_ARGMAX ? "mismatches_vs_ref" : "max_rel_err_vs_ref",
                                               json_real(err));
             json_array_append_new(rows, row);
             if (!b->json) {

@@ -24,7 +24,10 @@ def test_bench_kernels_json():
     if ran != {"scalar"}:
         assert j["bounds"]["fma_gflops_1core"] > 0
     families = {k["family"] for k in j["kernels"]}
-    assert families == {"rows", "activations", "norms", "rope", "conversions", "attention"}
+    assert families == {"rows", "softmax", "reductions", "activations", "norms", "rope", "conversions",
+                        "attention"}
+    checked = {k["kernel"] for k in j["kernels"] if "max_rel_err_vs_ref" in k or "mismatches_vs_ref" in k}
+    assert {"softmax rows f32 (C=4096)", "argmax rows f32 (C=4096)"} <= checked
     kernels = {k["kernel"] for k in j["kernels"]}
     for name in kernels:
         isas = [k["isa"] for k in j["kernels"] if k["kernel"] == name]
