@@ -62,77 +62,68 @@ static void kernel_12x32(int64_t kc, const float *ap, const float *bp, float *c,
 
 /* ---- packing (AVX-512 F/BW/VL): the layouts of gemm_kernels.h, exact copies (bf16 widened
  * by a 16-bit shift), so the packed panels are the generic packers' bits. Rows or columns past
- * m / n come from zero-masked loads. Strided sides (A not transposed, B transposed) gather one
- * k at a time; int32 gather offsets bound the stride, wider strides use the generic packers. */
+ * m / n come from zero-masked loads. The strided sides (A not transposed, B transposed) are
+ * transposed in blocks of 16 k: each source row's 16 values are loaded once (its cache line
+ * used whole: rows a power-of-two stride apart fall into one L1 set, so reading them one k
+ * at a time thrashed) into a small buffer, then gathered out one k at a time. */
 
 static inline __m512 widen16(__m256i h)
 {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* lanes r < cnt: the element at p + r * ld (f32), k = the element's column index in its row */
-static inline __m512 gather_f32(const float *p, __m512i idx, __mmask16 mk)
+/* d[k * lanes + r] = op(X)(r, k) for k < kc, r < lanes, where row r of the source starts at
+ * X + r * ld (f32, or bf16 when bf); rows r >= rows are zero. lanes is MR or NR. */
+static void pack_strided(float *d, int lanes, const void *X, bool bf, int64_t ld, int64_t rows, int64_t kc)
 {
-    return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mk, idx, p, 4);
-}
-
-/* bf16: a 32-bit gather at the element (its low half, little endian) then a shift; the high
- * half is the next element of the row, so the caller uses it only where that exists. */
-static inline __m512 gather_bf16(const uint16_t *p, __m512i idx2, __mmask16 mk)
-{
-    __m512i x = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mk, idx2, p, 1);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
-}
-
-/* the lanes of row / column offsets r * ld (elements, or bytes for bf16) */
-static inline __m512i offsets(int64_t ld, int first, int scale)
-{
-    __m512i r = _mm512_add_epi32(_mm512_set1_epi32(first), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
-                                                                             12, 13, 14, 15));
-    return _mm512_mullo_epi32(r, _mm512_set1_epi32((int)(ld * scale)));
-}
-
-static bool gather_fits(int64_t ld, int lanes, bool bf)
-{
-    return ld * (int64_t)(lanes - 1) * (bf ? 2 : 1) + 1 < (int64_t)INT32_MAX;
-}
-
-static inline float bf16_1(uint16_t v)
-{
-    union {
-        uint32_t u;
-        float f;
-    } x = {(uint32_t)v << 16};
-    return x.f;
+    _Alignas(64) float t[NR * 16];
+    const float *xf = X;
+    const uint16_t *xb = X;
+    const __m512i idx = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
+    __mmask16 tail = (__mmask16)(lanes >= 16 ? 0xffff : (1u << lanes) - 1);
+    for (int r = 0; r < lanes; r++)
+        if (r >= rows) _mm512_store_ps(t + r * 16, _mm512_setzero_ps());
+    for (int64_t k0 = 0; k0 < kc; k0 += 16) {
+        int kn = kc - k0 < 16 ? (int)(kc - k0) : 16;
+        __mmask16 km = (__mmask16)((1u << kn) - 1);
+        for (int64_t r = 0; r < rows; r++)
+            _mm512_store_ps(t + r * 16, bf ? widen16(_mm256_maskz_loadu_epi16(km, xb + r * ld + k0))
+                                           : _mm512_maskz_loadu_ps(km, xf + r * ld + k0));
+        float *dk = d + k0 * lanes;
+        for (int kk = 0; kk < kn; kk++, dk += lanes) {
+            __m512i ik = _mm512_add_epi32(idx, _mm512_set1_epi32(kk));
+            for (int g = 0; g < lanes; g += 16) {
+                if (lanes - g >= 16) {
+                    _mm512_storeu_ps(dk + g, _mm512_i32gather_ps(ik, t + g * 16, 4));
+                } else { /* lanes past the strip: neither read nor written */
+                    __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), tail, ik, t + g * 16, 4);
+                    _mm512_mask_storeu_ps(dk + g, tail, v);
+                }
+            }
+        }
+    }
 }
 
 static void pack_a_12(float *dst, const void *A, int64_t lda, bool ta, bool bf, int64_t m, int64_t kc, int mr,
                       int64_t s0, int64_t s1)
 {
-    if (mr != MR || (!ta && !gather_fits(lda, MR, bf))) {
+    if (mr != MR) {
         ct_gemm_pack_a_generic(dst, A, lda, ta, bf, m, kc, mr, s0, s1);
         return;
     }
-    const float *af = A;
-    const uint16_t *ab = A;
-    __m512i idx = ta ? _mm512_setzero_si512() : offsets(lda, 0, bf ? 2 : 1);
+    size_t es = bf ? 2 : 4;
     for (int64_t s = s0; s < s1; s++) {
         float *d = dst + s * kc * MR;
         int64_t i0 = s * MR, rows = m - i0 < MR ? m - i0 : MR;
+        if (!ta) {
+            pack_strided(d, MR, (const char *)A + (size_t)(i0 * lda) * es, bf, lda, rows, kc);
+            continue;
+        }
         __mmask16 mk = (__mmask16)((1u << rows) - 1);
-        if (ta) { /* row k of A holds the strip's rows contiguously */
-            for (int64_t k = 0; k < kc; k++) {
-                __m512 v = bf ? widen16(_mm256_maskz_loadu_epi16(mk, ab + k * lda + i0))
-                              : _mm512_maskz_loadu_ps(mk, af + k * lda + i0);
-                _mm512_mask_storeu_ps(d + k * MR, 0xfff, v);
-            }
-        } else if (bf) {
-            const uint16_t *p = ab + i0 * lda;
-            for (int64_t k = 0; k + 1 < kc; k++) _mm512_mask_storeu_ps(d + k * MR, 0xfff, gather_bf16(p + k, idx, mk));
-            for (int64_t r = 0; r < MR; r++) d[(kc - 1) * MR + r] = r < rows ? bf16_1(p[r * lda + kc - 1]) : 0.0f;
-        } else {
-            const float *p = af + i0 * lda;
-            for (int64_t k = 0; k < kc; k++) _mm512_mask_storeu_ps(d + k * MR, 0xfff, gather_f32(p + k, idx, mk));
+        for (int64_t k = 0; k < kc; k++) { /* row k of A holds the strip's rows contiguously */
+            const char *p = (const char *)A + (size_t)(k * lda + i0) * es;
+            __m512 v = bf ? widen16(_mm256_maskz_loadu_epi16(mk, p)) : _mm512_maskz_loadu_ps(mk, p);
+            _mm512_mask_storeu_ps(d + k * MR, 0xfff, v);
         }
     }
 }
@@ -140,49 +131,38 @@ static void pack_a_12(float *dst, const void *A, int64_t lda, bool ta, bool bf, 
 static void pack_b_32(float *dst, const void *B, int64_t ldb, bool tb, bool bf, int64_t kc, int64_t n, int nr,
                       int64_t s0, int64_t s1)
 {
-    if (nr != NR || (tb && !gather_fits(ldb, NR, bf))) {
+    if (nr != NR) {
         ct_gemm_pack_b_generic(dst, B, ldb, tb, bf, kc, n, nr, s0, s1);
         return;
     }
-    const float *bfp = B;
-    const uint16_t *bb = B;
-    __m512i idx0 = _mm512_setzero_si512(), idx1 = idx0;
-    if (tb) idx0 = offsets(ldb, 0, bf ? 2 : 1), idx1 = offsets(ldb, 16, bf ? 2 : 1);
-    for (int64_t s = s0; s < s1; s++) {
-        float *d = dst + s * kc * NR;
-        int64_t j0 = s * NR, cols = n - j0 < NR ? n - j0 : NR;
-        __mmask16 m0 = (__mmask16)(cols >= 16 ? 0xffff : (1u << cols) - 1);
-        __mmask16 m1 = (__mmask16)(cols <= 16 ? 0 : cols >= 32 ? 0xffff : (1u << (cols - 16)) - 1);
-        if (!tb) { /* row k of B holds the strip's columns contiguously */
-            for (int64_t k = 0; k < kc; k++) {
-                __m512 v0, v1;
-                if (bf) {
-                    const uint16_t *p = bb + k * ldb + j0;
-                    v0 = widen16(_mm256_maskz_loadu_epi16(m0, p));
-                    v1 = widen16(_mm256_maskz_loadu_epi16(m1, p + 16));
-                } else {
-                    const float *p = bfp + k * ldb + j0;
-                    v0 = _mm512_maskz_loadu_ps(m0, p);
-                    v1 = _mm512_maskz_loadu_ps(m1, p + 16);
-                }
-                _mm512_storeu_ps(d + k * NR, v0);
-                _mm512_storeu_ps(d + k * NR + 16, v1);
-            }
-        } else if (bf) {
-            const uint16_t *p = bb + j0 * ldb;
-            for (int64_t k = 0; k + 1 < kc; k++) {
-                _mm512_storeu_ps(d + k * NR, gather_bf16(p + k, idx0, m0));
-                _mm512_storeu_ps(d + k * NR + 16, gather_bf16(p + k, idx1, m1));
-            }
-            for (int64_t c = 0; c < NR; c++) d[(kc - 1) * NR + c] = c < cols ? bf16_1(p[c * ldb + kc - 1]) : 0.0f;
-        } else {
-            const float *p = bfp + j0 * ldb;
-            for (int64_t k = 0; k < kc; k++) {
-                _mm512_storeu_ps(d + k * NR, gather_f32(p + k, idx0, m0));
-                _mm512_storeu_ps(d + k * NR + 16, gather_f32(p + k, idx1, m1));
-            }
+    size_t es = bf ? 2 : 4;
+    if (tb) {
+        for (int64_t s = s0; s < s1; s++) {
+            int64_t j0 = s * NR, cols = n - j0 < NR ? n - j0 : NR;
+            pack_strided(dst + s * kc * NR, NR, (const char *)B + (size_t)(j0 * ldb) * es, bf, ldb, cols, kc);
         }
+        return;
     }
+    /* row k of B holds the strips' columns contiguously: k outer, so each row is read in one
+     * sweep across the strips [s0, s1) */
+    for (int64_t k = 0; k < kc; k++)
+        for (int64_t s = s0; s < s1; s++) {
+            int64_t j0 = s * NR, cols = n - j0 < NR ? n - j0 : NR;
+            __mmask16 m0 = (__mmask16)(cols >= 16 ? 0xffff : (1u << cols) - 1);
+            __mmask16 m1 = (__mmask16)(cols <= 16 ? 0 : cols >= 32 ? 0xffff : (1u << (cols - 16)) - 1);
+            const char *p = (const char *)B + (size_t)(k * ldb + j0) * es;
+            __m512 v0, v1;
+            if (bf) {
+                v0 = widen16(_mm256_maskz_loadu_epi16(m0, p));
+                v1 = widen16(_mm256_maskz_loadu_epi16(m1, p + 32));
+            } else {
+                v0 = _mm512_maskz_loadu_ps(m0, p);
+                v1 = _mm512_maskz_loadu_ps(m1, p + 64);
+            }
+            float *d = dst + s * kc * NR + k * NR;
+            _mm512_storeu_ps(d, v0);
+            _mm512_storeu_ps(d + 16, v1);
+        }
 }
 
 const ct_gemm_kernels ct_gemm_avx512 = {
