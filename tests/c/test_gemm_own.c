@@ -19,7 +19,7 @@ typedef struct {
     int64_t M, N, K;
 } shape;
 
-/* Sizes around the AVX2 (6 x 16, MC 144, NC 3072) and AVX-512 (12 x 32) blockings, odd
+/* Sizes around the AVX2 (6 x 16, MC 144, NC 3072) and AVX-512 (12 x 32, MC 192, NC 768) blockings, odd
  * sizes, K across slices of 256, M past one row chunk (8 MC blocks). */
 static const shape shapes[] = {
     {1, 1, 1},    {3, 17, 33},   {17, 3, 127},  {33, 127, 17}, {127, 33, 300}, {64, 64, 513},
