@@ -393,14 +393,20 @@ static void sel_init(void)
     ct_clear_error();
 }
 
-/* The fixed rule (from `ctorch bench gemm` on the AVX2 development machine, see
- * docs/architecture.md "GEMM"): ctorch's GEMM for the small products where OpenBLAS's
- * per-call cost and its edge handling lose (every side >= 32, M N K <= 256^3), OpenBLAS
- * otherwise. The scalar kernel never beats OpenBLAS. */
+/* The fixed rule (from `ctorch bench gemm`, see docs/architecture.md "GEMM" and
+ * docs/benchmarks.md): with the avx2 kernel, ctorch's GEMM for the small products where
+ * OpenBLAS's per-call cost and its edge handling lose (every side >= 32, M N K <= 256^3),
+ * OpenBLAS otherwise; with the avx512 kernel, ctorch's GEMM for every side >= 32 (on the
+ * Zen 5 machine of docs/benchmarks.md 1.4-1.9x Debian's OpenBLAS with the Haswell kernels
+ * the environment there forces, and level with its SkylakeX kernels, from 512 x 768 x 768
+ * up to 2048^3), OpenBLAS for the skinny products (decode steps, a few tokens), where it
+ * measured faster. The scalar kernel never beats OpenBLAS. */
 static bool rule_ctorch(ct_isa isa, int64_t M, int64_t N, int64_t K)
 {
-    if (isa != CT_ISA_AVX2 && isa != CT_ISA_AVX512) return false;
-    return M >= 32 && N >= 32 && K >= 32 && (double)M * (double)N * (double)K <= 256.0 * 256.0 * 256.0;
+    bool sides = M >= 32 && N >= 32 && K >= 32;
+    if (isa == CT_ISA_AVX512) return sides;
+    if (isa != CT_ISA_AVX2) return false;
+    return sides && (double)M * (double)N * (double)K <= 256.0 * 256.0 * 256.0;
 }
 
 ct_status ct_gemm_set_impl(ct_gemm_impl impl)
@@ -461,6 +467,8 @@ const char *ct_gemm_describe(void)
         snprintf(buf, sizeof buf, "ctorch %s (forced)", kn);
     else if (!sel_blas_ok)
         snprintf(buf, sizeof buf, "ctorch %s (OpenBLAS not loaded)", kn);
+    else if (ct_active_isa() == CT_ISA_AVX512)
+        snprintf(buf, sizeof buf, "ctorch %s (openblas where a side < 32)", kn);
     else
         snprintf(buf, sizeof buf, "openblas (ctorch %s for small shapes)", kn);
     return buf;

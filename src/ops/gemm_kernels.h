@@ -25,7 +25,8 @@
  * multiply and add where the compiler does not contract them, so it agrees only within the
  * error bound documented in docs/architecture.md (tests/c/test_gemm_own.c checks it).
  *
- * Packing (the same generic C for every ISA today; a table slot so an ISA may specialise):
+ * Packing (the generic C of gemm_scalar.c, except avx512's own in gemm_avx512.c; a table slot
+ * so an ISA may specialise, as long as the panels are the same values):
  *   pack_a(dst, A, lda, ta, bf, m, kc, mr): A points at element (i0, k0) of op(A); writes
  *     ceil(m / mr) strips of kc x mr (zero rows past m), strip s at dst + s * kc * mr.
  *     op(A)(i, k) = ta ? A[k * lda + i] : A[i * lda + k]; bf: A holds bf16 (uint16_t).

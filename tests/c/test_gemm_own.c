@@ -19,7 +19,7 @@ typedef struct {
     int64_t M, N, K;
 } shape;
 
-/* Sizes around the AVX2 (6 x 16, MC 144, NC 3072) and AVX-512 (12 x 32) blockings, odd
+/* Sizes around the AVX2 (6 x 16, MC 144, NC 3072) and AVX-512 (12 x 32, MC 192, NC 768) blockings, odd
  * sizes, K across slices of 256, M past one row chunk (8 MC blocks). */
 static const shape shapes[] = {
     {1, 1, 1},    {3, 17, 33},   {17, 3, 127},  {33, 127, 17}, {127, 33, 300}, {64, 64, 513},
@@ -288,8 +288,13 @@ static int child(const char *mode)
         CHECK(l.n == 1 && l.level == CT_LOG_INFO && strstr(l.msg, "OpenBLAS"));
         CHECK(strstr(ct_gemm_describe(), "openblas (forced)") != NULL);
     } else { /* unset: the fixed rule; one log line for many GEMMs */
+        /* the rule: ctorch's GEMM at 2048^3 with the avx512 kernel only; OpenBLAS for a side < 32 */
+        bool big_ctorch = ct_active_isa() == CT_ISA_AVX512;
         CHECK_OK(ct_gemm_select(2048, 2048, 2048, &impl));
-        CHECK(impl == CT_GEMM_OPENBLAS);
+        CHECK(impl == (big_ctorch ? CT_GEMM_CTORCH : CT_GEMM_OPENBLAS));
+        ct_gemm_impl small;
+        CHECK_OK(ct_gemm_select(8, 2048, 2048, &small));
+        CHECK(small == CT_GEMM_OPENBLAS);
         ct_gemm_impl again;
         for (int i = 0; i < 3; i++) {
             CHECK_OK(ct_gemm_select(2048, 2048, 2048, &again));
@@ -297,7 +302,7 @@ static int child(const char *mode)
         }
         CHECK_OK(ct_gemm_f32(false, false, 8, 8, 8, 1.0f, a, 0, b, 0, 0.0f, c, 0));
         CHECK(l.n == 1 && l.level == CT_LOG_INFO && strstr(l.msg, "fixed rule"));
-        CHECK(strstr(ct_gemm_describe(), "openblas (ctorch") != NULL);
+        CHECK(strstr(ct_gemm_describe(), big_ctorch ? "(openblas where a side < 32)" : "openblas (ctorch") != NULL);
     }
     ct_log_set_sink(NULL, NULL, CT_LOG_WARN);
     return t_report(mode);
