@@ -1,9 +1,10 @@
 /* ctorch's GEMM: the AVX-512F micro-kernel, 12 x 32 (24 zmm accumulators, two B vectors and
  * one A broadcast per k). Contract in gemm_kernels.h: the same bits as the AVX2 kernel (both
- * sum k in ascending order with FMA per C element and share the epilogue). */
+ * sum k in ascending order with FMA per C element and share the epilogue), and its own packers
+ * (exact copies: the generic packers' panels). */
 #include "ops/gemm_kernels.h"
+#include "simd/simd_avx512.h"
 
-#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -67,11 +68,6 @@ static void kernel_12x32(int64_t kc, const float *ap, const float *bp, float *c,
  * used whole: rows a power-of-two stride apart fall into one L1 set, so reading them one k
  * at a time thrashed) into a small buffer, then gathered out one k at a time. */
 
-static inline __m512 widen16(__m256i h)
-{
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
 /* Bytes ahead of the current block that pack_strided asks for: the rows are a stride apart
  * that the hardware prefetchers do not follow (the source loads were half the time of a
  * 130 x 32768 x 1024 product with B transposed, the shape of the fused loss's logits). */
@@ -94,7 +90,7 @@ static void pack_strided(float *d, int lanes, const void *X, bool bf, int64_t ld
         for (int64_t r = 0; r < rows; r++) {
             const char *row = bf ? (const char *)(xb + r * ld + k0) : (const char *)(xf + r * ld + k0);
             _mm_prefetch(row + PACK_PREFETCH, _MM_HINT_T0);
-            _mm512_store_ps(t + r * 16, bf ? widen16(_mm256_maskz_loadu_epi16(km, row)) : _mm512_maskz_loadu_ps(km, row));
+            _mm512_store_ps(t + r * 16, bf ? cv_widen_bf16(_mm256_maskz_loadu_epi16(km, row)) : _mm512_maskz_loadu_ps(km, row));
         }
         float *dk = d + k0 * lanes;
         for (int kk = 0; kk < kn; kk++, dk += lanes) {
@@ -129,7 +125,7 @@ static void pack_a_12(float *dst, const void *A, int64_t lda, bool ta, bool bf, 
         __mmask16 mk = (__mmask16)((1u << rows) - 1);
         for (int64_t k = 0; k < kc; k++) { /* row k of A holds the strip's rows contiguously */
             const char *p = (const char *)A + (size_t)(k * lda + i0) * es;
-            __m512 v = bf ? widen16(_mm256_maskz_loadu_epi16(mk, p)) : _mm512_maskz_loadu_ps(mk, p);
+            __m512 v = bf ? cv_widen_bf16(_mm256_maskz_loadu_epi16(mk, p)) : _mm512_maskz_loadu_ps(mk, p);
             _mm512_mask_storeu_ps(d + k * MR, 0xfff, v);
         }
     }
@@ -160,8 +156,8 @@ static void pack_b_32(float *dst, const void *B, int64_t ldb, bool tb, bool bf, 
             const char *p = (const char *)B + (size_t)(k * ldb + j0) * es;
             __m512 v0, v1;
             if (bf) {
-                v0 = widen16(_mm256_maskz_loadu_epi16(m0, p));
-                v1 = widen16(_mm256_maskz_loadu_epi16(m1, p + 32));
+                v0 = cv_widen_bf16(_mm256_maskz_loadu_epi16(m0, p));
+                v1 = cv_widen_bf16(_mm256_maskz_loadu_epi16(m1, p + 32));
             } else {
                 v0 = _mm512_maskz_loadu_ps(m0, p);
                 v1 = _mm512_maskz_loadu_ps(m1, p + 64);

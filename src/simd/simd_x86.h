@@ -124,17 +124,25 @@ CT_SIMD_INLINE __m256i cv_bf16_pack(ct_vf v)
 }
 #endif
 
+/* CV_W bf16 values (packed 16-bit) widened to f32: exact, the bits shifted up 16. */
+#if CV_W == 8
+CT_SIMD_INLINE ct_vf cv_widen_bf16(__m128i h)
+#else
+CT_SIMD_INLINE ct_vf cv_widen_bf16(__m256i h)
+#endif
+{
+    return CV_CAST_F(CV_(slli_epi32)(CV_(cvtepu16_epi32)(h), 16));
+}
+
 /* CV_W values at index i of an f32 (bf = 0) or bf16 (bf = 1) array, as f32. Always inlined,
  * so a constant bf gives each dtype its own loop. */
 CT_SIMD_INLINE ct_vf cv_ld(const void *p, int64_t i, int bf)
 {
     if (!bf) return CV_(loadu_ps)((const float *)p + i);
 #if CV_W == 8
-    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return cv_widen_bf16(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
 #else
-    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return cv_widen_bf16(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
 #endif
 }
 
@@ -164,8 +172,7 @@ CT_SIMD_INLINE ct_vf cv_ld_part(const void *p, int64_t i, int64_t k, int bf)
 #else
     __mmask16 m = (__mmask16)((1u << k) - 1);
     if (!bf) return _mm512_maskz_loadu_ps(m, (const float *)p + i);
-    __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return cv_widen_bf16(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i));
 #endif
 }
 
