@@ -182,14 +182,21 @@ json_t *bench_child(const bench_ctx *b, char *const args[])
 
 json_t *bench_python(const char *script, char *const args[])
 {
-    const char *py = getenv("CTORCH_PYTHON");
-    if (!py || !*py) py = "/usr/bin/python3";
     const char *dir = cli_source_dir();
     if (!dir) return json_pack("{s:s, s:s}", "status", "not installed", "why", "bench/ scripts not found");
+    /* $CTORCH_PYTHON, else the source tree's .venv (scripts/setup.sh --python makes it) */
+    char venv[4096];
+    const char *py = getenv("CTORCH_PYTHON");
+    if (!py || !*py) {
+        snprintf(venv, sizeof venv, "%s/.venv/bin/python", dir);
+        py = venv;
+    }
     char path[4096];
     snprintf(path, sizeof path, "%s/bench/%s", dir, script);
-    if (access(py, X_OK) != 0 || access(path, R_OK) != 0)
-        return json_pack("{s:s, s:s}", "status", "not installed", "why", access(py, X_OK) ? py : path);
+    if (access(py, X_OK) != 0)
+        return json_pack("{s:s, s:s}", "status", "not installed", "why",
+                         "no python with PyTorch: run bash scripts/setup.sh --python (makes .venv) or set CTORCH_PYTHON");
+    if (access(path, R_OK) != 0) return json_pack("{s:s, s:s}", "status", "not installed", "why", path);
     char *argv[64];
     int n = 0;
     argv[n++] = (char *)py;

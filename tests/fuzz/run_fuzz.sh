@@ -31,6 +31,8 @@ cmake --build "$BUILD" -j"$(nproc)" --target "${TARGETS[@]}"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export TMPDIR=${TMPDIR:-/tmp}
+# the seed scripts (some use PyTorch): the test stack of scripts/setup.sh --python
+PY=${CTORCH_PYTHON:-.venv/bin/python}
 # libctorch links MPI, whose UCX installs its own SIGILL/SIGSEGV handlers: they print a
 # backtrace and exit before libFuzzer can write the crashing input. Leave signals to libFuzzer.
 export UCX_HANDLE_ERRORS=${UCX_HANDLE_ERRORS:-none}
@@ -41,35 +43,35 @@ for t in "${TARGETS[@]}"; do
   seeds=$SEEDS
   if [ "$t" = fuzz_jit_expr ]; then  # the expression language: text seeds made by a script
     seeds="$BUILD/fuzz-seeds/jit_expr"
-    /usr/bin/python3 tests/fuzz/make_corpus_jit.py "$seeds"
+    "$PY" tests/fuzz/make_corpus_jit.py "$seeds"
   elif [ "$t" = fuzz_tokenizer ]; then  # tokenizer files of every format, made by a script
     seeds="$BUILD/fuzz-seeds/tokenizer"
-    /usr/bin/python3 tests/fuzz/make_corpus_tokenizer.py "$seeds"
+    "$PY" tests/fuzz/make_corpus_tokenizer.py "$seeds"
   fi
   if [ "$t" = fuzz_checkpoint ]; then  # checkpoints and hostile variants, written by a script
     seeds="$BUILD/fuzz-seeds/checkpoint"
-    /usr/bin/python3 tests/fuzz/make_checkpoint_corpus.py "$seeds"
+    "$PY" tests/fuzz/make_checkpoint_corpus.py "$seeds"
   fi
   case $t in  # the Hugging Face JSON targets: seeds written by a script
-    fuzz_hf_*) seeds="$BUILD/fuzz-seeds/$t"; /usr/bin/python3 tests/fuzz/make_hf_corpus.py "$t" "$seeds" ;;
-    fuzz_token_ids) seeds="$BUILD/fuzz-seeds/$t"; /usr/bin/python3 tests/fuzz/make_corpus_ids.py "$seeds" ;;
+    fuzz_hf_*) seeds="$BUILD/fuzz-seeds/$t"; "$PY" tests/fuzz/make_hf_corpus.py "$t" "$seeds" ;;
+    fuzz_token_ids) seeds="$BUILD/fuzz-seeds/$t"; "$PY" tests/fuzz/make_corpus_ids.py "$seeds" ;;
   esac
   if [ "$t" = fuzz_state_dict ]; then  # state dicts of the target's tiny models: script-made
     seeds="$BUILD/fuzz-seeds/state_dict"
-    /usr/bin/python3 tests/fuzz/make_state_dict_corpus.py "$seeds" >/dev/null
+    "$PY" tests/fuzz/make_state_dict_corpus.py "$seeds" >/dev/null
   fi
   if [ "$t" = fuzz_fsdp_index ]; then  # sharded checkpoint indexes: script-made seeds
     seeds="$BUILD/fuzz-seeds/fsdp_index"
-    /usr/bin/python3 tests/fuzz/make_fsdp_corpus.py "$seeds"
+    "$PY" tests/fuzz/make_fsdp_corpus.py "$seeds"
   fi
   if [ "$t" = fuzz_store_frames ] || [ "$t" = fuzz_comm_handshake ]; then  # comm: script-made
     seeds="$BUILD/fuzz-seeds/comm"
     mkdir -p "$seeds"
-    /usr/bin/python3 tests/fuzz/make_comm_corpus.py "$seeds"
+    "$PY" tests/fuzz/make_comm_corpus.py "$seeds"
   fi
   case $t in  # the .pt targets: PyTorch-written and hostile seeds written by a script
     fuzz_zip|fuzz_pickle)
-      /usr/bin/python3 tests/fuzz/make_pt_corpus.py "$BUILD/fuzz-seeds/pt" >/dev/null
+      "$PY" tests/fuzz/make_pt_corpus.py "$BUILD/fuzz-seeds/pt" >/dev/null
       seeds="$BUILD/fuzz-seeds/pt/${t#fuzz_}" ;;
   esac
   echo "== $t: ${SECONDS_PER_TARGET} s"
