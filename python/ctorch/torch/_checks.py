@@ -1,11 +1,12 @@
 """Argument checks shared by every wrapper of ctorch.torch (and by ctorch.models and the
-compiled mods): PyTorch 1.13's shape and dtype rules, and the exception class PyTorch raises
+compiled mods): PyTorch 2.13's shape and dtype rules, and the exception class PyTorch raises
 for each misuse, checked before any pointer or length reaches C (which trusts them).
 
 Each failure is a ``CtorchError`` (status "CT_EINVAL") that is also an instance of the class
 PyTorch raises for the same misuse: ``RuntimeError`` (CtorchError itself), ``ValueError``,
-``IndexError``, ``TypeError``; ``NotImplementedError`` where PyTorch accepts something ctorch
-does not compute (class-probability targets), never a silent conversion.
+``IndexError``, ``TypeError``; ``NotImplementedError`` where PyTorch's kernels refuse a dtype
+("... not implemented for 'Long'", a RuntimeError subclass) and where PyTorch accepts something
+ctorch does not compute (class-probability targets), never a silent conversion.
 """
 import torch
 
@@ -64,10 +65,11 @@ def tensor(fn, name, t, optional=False):
 
 
 def floating(fn, name, t):
-    """A floating-point tensor: integer and bool inputs fail as PyTorch's kernels do."""
+    """A floating-point tensor: integer and bool inputs fail as PyTorch 2.13's kernels do
+    (NotImplementedError: "GeluKernelImpl" not implemented for 'Long')."""
     tensor(fn, name, t)
     if not t.is_floating_point():
-        fail(RuntimeError, fn, f"\"{fn}\" not implemented for '{scalar_name(t.dtype)}' ({name} must be a "
+        fail(NotImplementedError, fn, f"\"{fn}\" not implemented for '{scalar_name(t.dtype)}' ({name} must be a "
                                f"floating-point tensor, got {t.dtype})")
     return t
 
@@ -92,7 +94,7 @@ def reduction(fn, r):
 
 
 def class_weight(fn, weight, C, like):
-    """The per-class weight of a loss: [C], the input's dtype (PyTorch 1.13's nll_loss)."""
+    """The per-class weight of a loss: [C], the input's dtype (PyTorch's nll_loss)."""
     if weight is None:
         return None
     tensor(fn, "weight", weight)
@@ -146,21 +148,15 @@ def class_targets(fn, target, input_shape, C, ignore_index, input_dtype):
 
 
 def linear_bias(fn, bias, V, like):
-    """A linear layer's bias for V outputs: [V] or anything that broadcasts to it as PyTorch's
-    addmm does ([1], [1, V]); returns a [V] tensor (a broadcast view)."""
+    """The fused loss's bias: exactly [V] and the input's dtype (PyTorch 2.13's
+    F.linear_cross_entropy: "expected linear_bias shape (V,)", then addmm's dtype rule)."""
     if bias is None:
         return None
     tensor(fn, "linear_bias", bias)
+    if tuple(bias.shape) != (V,):
+        fail(RuntimeError, fn, f"expected linear_bias shape {(V,)}, got {tuple(bias.shape)}")
     same_dtype(fn, "linear_bias", bias, "input", like)
-    if bias.dim() > 1 and any(s != 1 for s in bias.shape[:-1]):
-        fail(RuntimeError, fn, f"linear_bias of shape {tuple(bias.shape)} is per row; the fused loss takes "
-                               f"a bias of [{V}] (or one that broadcasts to it)")
-    b = bias.reshape(bias.shape[-1] if bias.dim() else 1)
-    if b.shape[0] not in (1, V):
-        fail(RuntimeError, fn, f"The expanded size of the tensor ({V}) must match the existing size "
-                               f"({b.shape[0]}) at non-singleton dimension 1.  linear_bias must be [{V}], got "
-                               f"{tuple(bias.shape)}")
-    return b.expand(V)
+    return bias
 
 
 def index_bound(fn, name, n, need, what):
@@ -183,10 +179,10 @@ def dim(fn, d, ndim):
 
 
 def int64_index(fn, name, t):
-    """gather / scatter indices: int64 only (torch.gather's rule; never truncated)."""
+    """gather / scatter indices: int64 or int32 (torch.gather's rule in 2.13; never truncated)."""
     tensor(fn, name, t)
-    if t.dtype != torch.int64:
-        fail(RuntimeError, fn, f"Expected dtype int64 for {name}, got {t.dtype}")
+    if t.dtype not in (torch.int64, torch.int32):
+        fail(RuntimeError, fn, f"{fn}(): Expected dtype int32/int64 for {name}, got {t.dtype}")
     return t
 
 

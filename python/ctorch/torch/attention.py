@@ -584,8 +584,8 @@ def check_flex_inputs(fn, query, key, value, block_mask=None):
     """The checks every attention entry point shares (flex_attention; compiled mods call it
     too): tensors on the CPU of a floating dtype (integers fail as the softmax of PyTorch's
     reference does), and a block mask made for these queries: its B and H 1 or equal to
-    query's (broadcasting, else RuntimeError as PyTorch's masked_fill), its Q_LEN / KV_LEN
-    equal to L and S."""
+    query's (broadcasting, else RuntimeError as PyTorch's attention over the dense mask), its
+    Q_LEN / KV_LEN equal to L and S (else ValueError, as PyTorch 2.13's flex_attention)."""
     for name, t in (("query", query), ("key", key), ("value", value)):
         C.floating(fn, name, t)
     if block_mask is None or not isinstance(block_mask, BlockMask) or query.dim() != 4 or key.dim() != 4:
@@ -596,7 +596,7 @@ def check_flex_inputs(fn, query, key, value, block_mask=None):
         C.fail(RuntimeError, fn, f"the block mask was made for B={mB}, H={mH} but query has B={B}, H={H} (a "
                                  f"block mask's B and H must be 1 (broadcast) or match)")
     if (mL, mS) != (L, S):
-        C.fail(RuntimeError, fn, f"the block mask was made for Q_LEN={mL}, KV_LEN={mS} but query has {L} "
+        C.fail(ValueError, fn, f"the block mask was made for Q_LEN={mL}, KV_LEN={mS} but query has {L} "
                                  f"positions and key {S}")
 
 

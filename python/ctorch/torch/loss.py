@@ -164,29 +164,58 @@ def _lce_targets(fn, target, lead, V, ignore_index, like):
     return C.class_targets(fn, t, (N, V), V, -100 if ignore_index is None else ignore_index, like.dtype)
 
 
+def _lce_options(fn, options):
+    """F.linear_cross_entropy's ``options``: None or a torch.nn.LinearCrossEntropyOptions (its
+    own __post_init__ has checked the fields). ctorch's fused path is always chunked, under its
+    own scratch budget (``scratch_bytes``), so the chunking fields change no result; the
+    accumulation is float32 (what 2.13's "auto" picks for f16/bf16 on the CPU), so acc_dtype
+    float16 / bfloat16 (less precise) is refused rather than silently made exact."""
+    if options is None:
+        return None
+    cls = getattr(torch.nn, "LinearCrossEntropyOptions", None)
+    if cls is None or not isinstance(options, cls):
+        C.fail(TypeError, fn, f"options must be a torch.nn.LinearCrossEntropyOptions or None, got "
+                              f"{type(options).__name__}")
+    if options.acc_dtype in (torch.float16, torch.bfloat16):
+        C.fail(NotImplementedError, fn, f"options.acc_dtype={options.acc_dtype}: ctorch accumulates in "
+                                        f"float32 (acc_dtype None, torch.float32 or torch.float64)")
+    return options
+
+
 def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weight=None, reduction="mean",
-                         ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=None,
+                         ignore_index=None, label_smoothing=0.0, options=None, z_loss=0.0, softcap=None,
                          return_z_loss=False, scratch_bytes=None):
-    """cross_entropy(linear(input, linear_weight, linear_bias), target, ...) without holding
-    the logits. ``weight`` is the per-class weight, as in F.cross_entropy. With
-    ``return_z_loss`` returns (loss, z_term); the z term is already part of loss.
+    """PyTorch 2.13's F.linear_cross_entropy (the same arguments: ``linear_bias``, ``weight``
+    the per-class weight, ``reduction``, ``ignore_index`` None meaning -100,
+    ``label_smoothing``, ``options`` a torch.nn.LinearCrossEntropyOptions or None) without
+    ever holding the logits, plus ``z_loss`` and ``softcap``. With ``return_z_loss`` returns
+    (loss, z_term); the z term is already part of loss.
     input [..., D] and linear_weight [V, D] share one floating dtype (f32 and bf16 run
     natively, others in f32); target holds one class index per row of input. Every misuse
-    raises what F.cross_entropy(F.linear(...)) raises (ctorch.torch._checks)."""
+    raises what F.linear_cross_entropy raises (ctorch.torch._checks). Not computed (refused,
+    NotImplementedError): class-probability targets and K-dimensional weights
+    [V, d1, ..., D]."""
     fn = "linear_cross_entropy"
+    C.tensor(fn, "input", input)
+    C.tensor(fn, "linear_weight", linear_weight)
+    C.same_dtype(fn, "linear_weight", linear_weight, "input", input)  # matmul's check comes first
     C.floating(fn, "input", input)
-    C.floating(fn, "linear_weight", linear_weight)
-    C.same_dtype(fn, "linear_weight", linear_weight, "input", input)
     if input.dim() < 1:
         C.fail(RuntimeError, fn, "both arguments to matmul need to be at least 1D (input is 0-D)")
+    if linear_weight.dim() > 2:
+        C.fail(NotImplementedError, fn, f"linear_weight of shape {tuple(linear_weight.shape)} is K-dimensional "
+                                        f"([C, d1, ..., in_features]); ctorch computes [C, in_features] only")
     C.dims(fn, "linear_weight", linear_weight, (2,))
     D = input.shape[-1]
     V, Dw = linear_weight.shape
     lead = tuple(input.shape[:-1])
     if Dw != D:
-        C.fail(RuntimeError, fn, f"mat1 and mat2 shapes cannot be multiplied ({input.numel() // max(D, 1)}x{D} "
-                                 f"and {Dw}x{V}): linear_weight must be [V, {D}]")
+        C.fail(RuntimeError, fn, f"expected equal input and linear_weight last dimensions (in_features), got "
+                                 f"{D} and {Dw}, respectively (linear_weight must be [V, {D}])")
     C.reduction(fn, reduction)
+    _lce_options(fn, options)
+    if ignore_index is None:
+        ignore_index = -100
     bias = C.linear_bias(fn, linear_bias, V, input)
     C.class_weight(fn, weight, V, input)
     tc = _lce_targets(fn, target, lead, V, ignore_index, input)
@@ -201,20 +230,48 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
 
 
 class LinearCrossEntropyLoss(torch.nn.Module):
-    """nn.Module form: owns nothing; call as loss_fn(input, linear_weight, target, linear_bias=None)."""
+    """PyTorch 2.13's nn.LinearCrossEntropyLoss: the same constructor (in_features,
+    num_classes, bias, device, dtype, reduction, weight, ignore_index, label_smoothing,
+    options), the same parameters and state_dict keys (``linear.weight``, ``linear.bias``, the
+    ``weight`` buffer) and ``forward(input, target)``, over ctorch's fused loss; plus
+    ``z_loss`` and ``softcap``. ``out_features`` other than () (K-dimensional loss) is refused
+    (NotImplementedError)."""
 
-    def __init__(self, weight=None, reduction="mean", ignore_index=-100, label_smoothing=0.0,
+    def __init__(self, in_features, num_classes, *, out_features=(), bias=False, device=None, dtype=None,
+                 reduction="mean", weight=None, ignore_index=None, label_smoothing=0.0, options=None,
                  z_loss=0.0, softcap=None):
+        fn = "LinearCrossEntropyLoss"
+        if weight is not None and tuple(weight.shape) != (num_classes,):
+            C.fail(RuntimeError, fn, f"expected weight shape to be {(num_classes,)}, got {tuple(weight.shape)}")
+        if label_smoothing < 0 or label_smoothing > 1.0:
+            C.fail(RuntimeError, fn, f"expected label_smoothing to be in range [0, 1], got {label_smoothing}")
+        if tuple(out_features) != ():
+            C.fail(NotImplementedError, fn, f"out_features={tuple(out_features)} (K-dimensional loss): ctorch "
+                                            f"computes out_features=() only")
+        C.reduction(fn, reduction)
+        _lce_options(fn, options)
         super().__init__()
         self.register_buffer("weight", weight)
-        self.reduction, self.ignore_index = reduction, ignore_index
-        self.label_smoothing, self.z_loss, self.softcap = label_smoothing, z_loss, softcap
+        self.reduction = reduction
+        self.num_classes = num_classes
+        self.out_features = tuple(out_features)
+        self.ignore_index = ignore_index
+        self.label_smoothing = label_smoothing
+        self.linear = torch.nn.Linear(in_features, num_classes, bias=bias, device=device, dtype=dtype)
+        self.options = options
+        self.z_loss, self.softcap = z_loss, softcap
 
-    def forward(self, input, linear_weight, target, linear_bias=None):
-        return linear_cross_entropy(input, linear_weight, target, linear_bias=linear_bias, weight=self.weight,
-                                    reduction=self.reduction, ignore_index=self.ignore_index,
-                                    label_smoothing=self.label_smoothing, z_loss=self.z_loss,
-                                    softcap=self.softcap)
+    def forward(self, input, target):
+        return linear_cross_entropy(input, self.linear.weight, target, linear_bias=self.linear.bias,
+                                    weight=self.weight, reduction=self.reduction, ignore_index=self.ignore_index,
+                                    label_smoothing=self.label_smoothing, options=self.options,
+                                    z_loss=self.z_loss, softcap=self.softcap)
+
+    def extra_repr(self):
+        return (f"in_features={self.linear.in_features}, num_classes={self.num_classes}, "
+                f"out_features={self.out_features}, bias={self.linear.bias is not None}, "
+                f"reduction={self.reduction}, ignore_index={self.ignore_index}, "
+                f"label_smoothing={self.label_smoothing}, options={self.options}")
 
 
 class _CrossEntropy(torch.autograd.Function):
@@ -248,6 +305,7 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     what F.cross_entropy raises (ctorch.torch._checks); class-probability targets are refused
     (NotImplementedError), never truncated."""
     fn = "cross_entropy"
+    C.tensor(fn, "input", input)
     C.floating(fn, "input", input)
     C.reduction(fn, reduction)
     if input.dim() == 0:
