@@ -102,6 +102,56 @@ static bool plain_int(const json_t *v)
     return json_is_integer(v);
 }
 
+json_t *hf_json_loadb(const char *text, size_t len, size_t flags, json_error_t *err)
+{
+    json_t *j = json_loadb(text, len, flags, err);
+    if (j || !text) return j;
+    /* Jansson refuses integers beyond int64; Python's json writes them (real files do): retry
+     * with every integer literal of more than 18 digits outside strings read as a real (".0"
+     * appended), so such a value is "not an integer" where an integer is wanted and harmless
+     * elsewhere. The copy grows by at most 2 bytes per 19 of the text. */
+    size_t cap = len + 2 * (len / 19) + 1, o = 0;
+    char *buf = malloc(cap);
+    if (!buf) return NULL;
+    bool in_str = false;
+    for (size_t i = 0; i < len;) {
+        char ch = text[i];
+        if (in_str) {
+            buf[o++] = ch;
+            i++;
+            if (ch == '\\' && i < len)
+                buf[o++] = text[i++];
+            else if (ch == '"')
+                in_str = false;
+            continue;
+        }
+        if (ch == '"') {
+            in_str = true;
+            buf[o++] = text[i++];
+            continue;
+        }
+        if ((ch >= '0' && ch <= '9') || ch == '-') {
+            size_t b = i, digits = 0;
+            if (text[i] == '-') buf[o++] = text[i++];
+            while (i < len && text[i] >= '0' && text[i] <= '9') {
+                buf[o++] = text[i++];
+                digits++;
+            }
+            bool is_int = !(i < len && (text[i] == '.' || text[i] == 'e' || text[i] == 'E'));
+            if (digits > 18 && is_int && o + 2 < cap) {
+                buf[o++] = '.';
+                buf[o++] = '0';
+            }
+            if (i == b) buf[o++] = text[i++];
+            continue;
+        }
+        buf[o++] = text[i++];
+    }
+    j = json_loadb(buf, o, flags, err);
+    free(buf);
+    return j;
+}
+
 /* An integer value of key in [lo, hi]. */
 static ct_status get_int(const json_t *v, const char *what, const char *key, int64_t lo,
                          int64_t hi, int64_t *out)
@@ -139,30 +189,40 @@ static const struct {
              {"MistralForCausalLM", "mistral", CT_HF_MISTRAL}};
 
 /* Keys accepted without effect on the maths. */
-static const char *IGNORED[] = {"transformers_version", "use_cache",  "initializer_range",
-                                "pad_token_id",         "_name_or_path", "max_window_layers",
-                                "pretraining_tp"};
+static const char *IGNORED[] = {
+    "transformers_version", "use_cache",         "initializer_range",    "pad_token_id",
+    "_name_or_path",        "max_window_layers", "pretraining_tp",       "output_attentions",
+    "output_hidden_states", "return_dict",       "tokenizer_class",      "_attn_implementation",
+    "sep_token_id",         "unk_token_id",      "decoder_start_token_id"};
 
-static ct_status parse_rope_scaling(const json_t *rs, const char *what, ct_gpt_config *c)
+/* "rope_scaling" (transformers 4) or "rope_parameters" (transformers 5, which also holds
+ * "rope_theta", into *theta): the scaling type and its factors into c. */
+static ct_status parse_rope(const json_t *rs, const char *what, const char *name, ct_gpt_config *c,
+                            float *theta, bool *theta_set)
 {
+    bool params = !strcmp(name, "rope_parameters");
     if (json_is_null(rs)) return CT_OK;
     if (!json_is_object(rs))
-        return ct_error(CT_EFORMAT, "%s: \"rope_scaling\" must be an object or null", what);
+        return ct_error(CT_EFORMAT, "%s: \"%s\" must be an object or null", what, name);
     const json_t *t = json_object_get(rs, "rope_type");
     if (!t) t = json_object_get(rs, "type");
-    if (!json_is_string(t))
-        return ct_error(CT_EFORMAT, "%s: \"rope_scaling\" needs a string \"rope_type\" (or \"type\")",
-                        what);
-    const char *kind = json_string_value(t);
-    if (!strcmp(kind, "default")) return CT_OK;
-    if (!strcmp(kind, "linear"))
+    const char *kind = json_is_string(t) ? json_string_value(t) : NULL;
+    if (!kind && !(params && !t))
+        return ct_error(CT_EFORMAT, "%s: \"%s\" needs a string \"rope_type\" (or \"type\")", what,
+                        name);
+    if (!kind) kind = "default"; /* rope_parameters without a type: the default RoPE */
+    bool dflt = !strcmp(kind, "default");
+    if (dflt && !params) return CT_OK;
+    if (dflt)
+        c->rope_scaling = CT_ROPE_SCALING_NONE;
+    else if (!strcmp(kind, "linear"))
         c->rope_scaling = CT_ROPE_SCALING_LINEAR;
     else if (!strcmp(kind, "llama3"))
         c->rope_scaling = CT_ROPE_SCALING_LLAMA3;
     else
         return ct_error(CT_EUNSUPPORTED,
-                        "%s: \"rope_scaling\" type \"%s\" is not supported (linear, llama3)", what,
-                        kind);
+                        "%s: \"%s\" type \"%s\" is not supported (default, linear, llama3)", what,
+                        name, kind);
     bool llama3 = c->rope_scaling == CT_ROPE_SCALING_LLAMA3;
     bool seen[4] = {false, false, false, false};
     const char *key;
@@ -170,11 +230,17 @@ static ct_status parse_rope_scaling(const json_t *rs, const char *what, ct_gpt_c
     json_object_foreach((json_t *)rs, key, v)
     {
         char full[96];
-        snprintf(full, sizeof full, "rope_scaling.%s", key);
+        snprintf(full, sizeof full, "%s.%s", name, key);
         if (!strcmp(key, "rope_type") || !strcmp(key, "type")) {
             if (!json_is_string(v) || strcmp(json_string_value(v), kind))
-                return ct_error(CT_EFORMAT, "%s: \"rope_scaling\" has two different types", what);
-        } else if (!strcmp(key, "factor")) {
+                return ct_error(CT_EFORMAT, "%s: \"%s\" has two different types", what, name);
+        } else if (params && !strcmp(key, "rope_theta")) {
+            CT_TRY(get_pos(v, what, full, false, theta));
+            *theta_set = true;
+        } else if (params && !strcmp(key, "partial_rotary_factor")) {
+            if (!json_is_number(v) || json_number_value(v) != 1)
+                return ct_error(CT_EUNSUPPORTED, "%s: \"%s\" must be 1", what, full);
+        } else if (!dflt && !strcmp(key, "factor")) {
             CT_TRY(get_pos(v, what, full, false, &c->rope_factor));
             seen[0] = true;
         } else if (llama3 && !strcmp(key, "low_freq_factor")) {
@@ -193,13 +259,32 @@ static ct_status parse_rope_scaling(const json_t *rs, const char *what, ct_gpt_c
     }
     static const char *need[] = {"factor", "low_freq_factor", "high_freq_factor",
                                  "original_max_position_embeddings"};
-    for (int i = 0; i < (llama3 ? 4 : 1); i++)
+    for (int i = 0; i < (dflt ? 0 : llama3 ? 4 : 1); i++)
         if (!seen[i])
-            return ct_error(CT_EFORMAT, "%s: \"rope_scaling.%s\" is missing", what, need[i]);
+            return ct_error(CT_EFORMAT, "%s: \"%s.%s\" is missing", what, name, need[i]);
     if (llama3 && !(c->rope_high_freq_factor > c->rope_low_freq_factor))
-        return ct_error(CT_EFORMAT,
-                        "%s: \"rope_scaling.high_freq_factor\" must exceed low_freq_factor", what);
+        return ct_error(CT_EFORMAT, "%s: \"%s.high_freq_factor\" must exceed low_freq_factor",
+                        what, name);
     return CT_OK;
+}
+
+static ct_status parse_rope_scaling(const json_t *rs, const char *what, ct_gpt_config *c)
+{
+    float theta = 0;
+    bool set = false;
+    return parse_rope(rs, what, "rope_scaling", c, &theta, &set);
+}
+
+/* Do two configurations scale RoPE the same way? */
+static bool same_scaling(const ct_gpt_config *a, const ct_gpt_config *b)
+{
+    return a->rope_scaling == b->rope_scaling &&
+           (a->rope_scaling == CT_ROPE_SCALING_NONE ||
+            (a->rope_factor == b->rope_factor &&
+             (a->rope_scaling != CT_ROPE_SCALING_LLAMA3 ||
+              (a->rope_low_freq_factor == b->rope_low_freq_factor &&
+               a->rope_high_freq_factor == b->rope_high_freq_factor &&
+               a->rope_original_context == b->rope_original_context))));
 }
 
 /* bos / eos: an integer, null, or (eos) a non-empty list of integers (the first is kept). */
@@ -226,7 +311,7 @@ ct_status ct_hf_config_parse(const char *text, size_t len, ct_gpt_config *c, ct_
     if (!text || !c || !info)
         return ct_error(CT_EINVAL, "ct_hf_config_parse: arguments must not be NULL");
     json_error_t err;
-    json_t *j = json_loadb(text, len, JSON_REJECT_DUPLICATES, &err);
+    json_t *j = hf_json_loadb(text, len, JSON_REJECT_DUPLICATES, &err);
     if (!j) return ct_error(CT_EFORMAT, "%s: not JSON (line %d: %s)", what, err.line, err.text);
     ct_status s = CT_OK;
     *c = ct_gpt_config_default();
@@ -240,7 +325,8 @@ ct_status ct_hf_config_parse(const char *text, size_t len, ct_gpt_config *c, ct_
     info->bos_token = info->eos_token = -1;
     int64_t kv = -1, hd = 0;
     bool have[6] = {false};
-    bool sliding = false, sliding_set = false;
+    bool sliding = false, sliding_set = false, theta_top = false, scaling_set = false;
+    const json_t *rope_params = NULL, *layer_types = NULL;
     const char *arch = NULL, *mtype = NULL;
     const char *key;
     json_t *v;
@@ -298,8 +384,14 @@ ct_status ct_hf_config_parse(const char *text, size_t len, ct_gpt_config *c, ct_
             if ((s = get_pos(v, what, key, false, &c->norm_eps))) goto done;
         } else if (!strcmp(key, "rope_theta")) {
             if ((s = get_pos(v, what, key, false, &c->rope_base))) goto done;
+            theta_top = true;
         } else if (!strcmp(key, "rope_scaling")) {
             if ((s = parse_rope_scaling(v, what, c))) goto done;
+            scaling_set = !json_is_null(v);
+        } else if (!strcmp(key, "rope_parameters")) {
+            rope_params = v;
+        } else if (!strcmp(key, "layer_types")) {
+            layer_types = v;
         } else if (!strcmp(key, "tie_word_embeddings")) {
             if (!json_is_boolean(v)) {
                 s = ct_error(CT_EFORMAT, "%s: \"%s\" must be true or false", what, key);
@@ -406,6 +498,48 @@ ct_status ct_hf_config_parse(const char *text, size_t len, ct_gpt_config *c, ct_
     if (json_object_get(j, "use_sliding_window") && info->arch != CT_HF_QWEN2) {
         s = ct_error(CT_EFORMAT, "%s: unknown key \"use_sliding_window\"", what);
         goto done;
+    }
+    if (layer_types) { /* transformers 5: one attention kind per layer */
+        if (!json_is_array(layer_types) || (int64_t)json_array_size(layer_types) != c->n_layer) {
+            s = ct_error(CT_EFORMAT, "%s: \"layer_types\" must be a list of %lld strings (one "
+                         "per layer)", what, (long long)c->n_layer);
+            goto done;
+        }
+        for (size_t i = 0; i < json_array_size(layer_types); i++) {
+            const json_t *e = json_array_get(layer_types, i);
+            if (!json_is_string(e) || strcmp(json_string_value(e), "full_attention")) {
+                s = ct_error(CT_EUNSUPPORTED,
+                             "%s: \"layer_types\" entry %zu is %s: only \"full_attention\" "
+                             "layers are supported (no sliding window)",
+                             what, i, json_is_string(e) ? json_string_value(e) : "not a string");
+                goto done;
+            }
+        }
+    }
+    if (rope_params && !json_is_null(rope_params)) { /* transformers 5 */
+        ct_gpt_config r = *c;
+        r.rope_scaling = CT_ROPE_SCALING_NONE;
+        float theta = c->rope_base;
+        bool theta_set = false;
+        if ((s = parse_rope(rope_params, what, "rope_parameters", &r, &theta, &theta_set)))
+            goto done;
+        if (scaling_set && !same_scaling(&r, c)) {
+            s = ct_error(CT_EFORMAT, "%s: \"rope_scaling\" and \"rope_parameters\" disagree",
+                         what);
+            goto done;
+        }
+        if (theta_set && theta_top && theta != c->rope_base) {
+            s = ct_error(CT_EFORMAT,
+                         "%s: \"rope_theta\" = %g and \"rope_parameters.rope_theta\" = %g disagree",
+                         what, (double)c->rope_base, (double)theta);
+            goto done;
+        }
+        c->rope_scaling = r.rope_scaling;
+        c->rope_factor = r.rope_factor;
+        c->rope_low_freq_factor = r.rope_low_freq_factor;
+        c->rope_high_freq_factor = r.rope_high_freq_factor;
+        c->rope_original_context = r.rope_original_context;
+        c->rope_base = theta;
     }
     c->n_kv_head = kv > 0 ? kv : c->n_head;
     if (c->n_head % c->n_kv_head) {
@@ -534,7 +668,7 @@ ct_status hf_index_parse(const char *text, size_t len, const char *what, hf_inde
 {
     memset(x, 0, sizeof *x);
     json_error_t err;
-    json_t *j = json_loadb(text, len, JSON_REJECT_DUPLICATES, &err);
+    json_t *j = hf_json_loadb(text, len, JSON_REJECT_DUPLICATES, &err);
     if (!j) return ct_error(CT_EFORMAT, "%s: not JSON (line %d: %s)", what, err.line, err.text);
     ct_status s = CT_OK;
     const char *key;
@@ -783,7 +917,7 @@ ct_status ct_hf_open(const char *dir, ct_hf_model **out)
         s = ct_error_wrap(s, "%s", dir);
         goto fail;
     }
-    h->config = json_loadb(text, len, 0, NULL);
+    h->config = hf_json_loadb(text, len, 0, NULL);
     if (!h->config) {
         s = ct_error(CT_ENOMEM, "ct_hf_open: out of memory");
         goto fail;
@@ -1149,46 +1283,63 @@ static ct_status config_json(const ct_gpt *m, const ct_hf_model *like, ct_hf_arc
     json_object_set_new(j, "num_hidden_layers", json_integer(c->n_layer));
     json_object_set_new(j, "num_attention_heads", json_integer(c->n_head));
     json_object_set_new(j, "num_key_value_heads", json_integer(c->n_kv_head));
-    json_object_set_new(j, "head_dim", json_integer(ct_gpt_head_dim(c)));
+    /* head_dim where the source has it or it is not hidden_size / num_attention_heads */
+    if (json_object_get(j, "head_dim") || ct_gpt_head_dim(c) * c->n_head != c->d_model || !like)
+        json_object_set_new(j, "head_dim", json_integer(ct_gpt_head_dim(c)));
     set_f32(j, "rms_norm_eps", c->norm_eps);
-    set_f32(j, "rope_theta", c->rope_base);
     json_object_set_new(j, "max_position_embeddings", json_integer(c->context));
     json_object_set_new(j, "tie_word_embeddings", json_boolean(c->tied));
     json_object_set_new(j, "vocab_size", json_integer(c->vocab_size));
-    if (arch != CT_HF_QWEN2) json_object_set_new(j, "attention_bias", json_boolean(c->qkv_bias));
-    json_object_del(j, "dtype");
-    json_object_set_new(j, "torch_dtype", json_string(dt == CT_DTYPE_BF16  ? "bfloat16"
-                                                      : dt == CT_DTYPE_F16 ? "float16"
-                                                                           : "float32"));
-    json_t *rs = json_object_get(j, "rope_scaling");
+    if (arch != CT_HF_QWEN2 && (json_object_get(j, "attention_bias") || c->qkv_bias || !like))
+        json_object_set_new(j, "attention_bias", json_boolean(c->qkv_bias));
+    /* the dtype under the source's key: "dtype" (transformers 5) or "torch_dtype" */
+    bool new_keys = json_object_get(j, "dtype") && !json_object_get(j, "torch_dtype");
+    json_object_del(j, new_keys ? "torch_dtype" : "dtype");
+    json_object_set_new(j, new_keys ? "dtype" : "torch_dtype",
+                        json_string(dt == CT_DTYPE_BF16  ? "bfloat16"
+                                    : dt == CT_DTYPE_F16 ? "float16"
+                                                         : "float32"));
+    /* RoPE: transformers 5's "rope_parameters" (rope_theta inside) when the source has it, else
+     * "rope_theta" and "rope_scaling", which every transformers version reads; the source's
+     * object is kept when it says the same */
+    json_t *rp = json_object_get(j, "rope_parameters");
+    bool params = json_is_object(rp);
+    const char *rkey = params ? "rope_parameters" : "rope_scaling";
+    json_t *rs = json_object_get(j, rkey);
     bool keep = false;
-    if (json_is_object(rs) && c->rope_scaling != CT_ROPE_SCALING_NONE) {
-        /* the source's object, if it says the same */
+    if (json_is_object(rs) && (params || c->rope_scaling != CT_ROPE_SCALING_NONE)) {
         ct_gpt_config t = *c;
         t.rope_scaling = CT_ROPE_SCALING_NONE;
-        keep = parse_rope_scaling(rs, "config.json", &t) == CT_OK &&
-               t.rope_scaling == c->rope_scaling && t.rope_factor == c->rope_factor &&
-               (c->rope_scaling != CT_ROPE_SCALING_LLAMA3 ||
-                (t.rope_low_freq_factor == c->rope_low_freq_factor &&
-                 t.rope_high_freq_factor == c->rope_high_freq_factor &&
-                 t.rope_original_context == c->rope_original_context));
+        float theta = 0;
+        bool theta_set = false;
+        keep = parse_rope(rs, "config.json", rkey, &t, &theta, &theta_set) == CT_OK &&
+               same_scaling(&t, c);
     }
     if (!keep) {
-        json_t *r = json_null();
-        if (c->rope_scaling == CT_ROPE_SCALING_LINEAR) {
-            r = json_object();
-            json_object_set_new(r, "rope_type", json_string("linear"));
+        json_t *r = params ? json_object() : json_null();
+        if (params) json_object_set_new(r, "rope_type", json_string("default"));
+        if (c->rope_scaling != CT_ROPE_SCALING_NONE) {
+            if (!params) r = json_object();
+            json_object_set_new(r, "rope_type", json_string(c->rope_scaling == CT_ROPE_SCALING_LINEAR
+                                                                ? "linear"
+                                                                : "llama3"));
             json_object_set_new(r, "factor", real_f32(c->rope_factor));
-        } else if (c->rope_scaling == CT_ROPE_SCALING_LLAMA3) {
-            r = json_object();
-            json_object_set_new(r, "rope_type", json_string("llama3"));
-            json_object_set_new(r, "factor", real_f32(c->rope_factor));
+        }
+        if (c->rope_scaling == CT_ROPE_SCALING_LLAMA3) {
             json_object_set_new(r, "low_freq_factor", real_f32(c->rope_low_freq_factor));
             json_object_set_new(r, "high_freq_factor", real_f32(c->rope_high_freq_factor));
             json_object_set_new(r, "original_max_position_embeddings",
                                 json_integer(c->rope_original_context));
         }
-        json_object_set_new(j, "rope_scaling", r);
+        json_object_set_new(j, rkey, r);
+        rs = r;
+    }
+    if (params) {
+        set_f32(rs, "rope_theta", c->rope_base);
+        if (json_object_get(j, "rope_theta")) set_f32(j, "rope_theta", c->rope_base);
+        if (json_is_object(json_object_get(j, "rope_scaling"))) json_object_del(j, "rope_scaling");
+    } else {
+        set_f32(j, "rope_theta", c->rope_base);
     }
     char *s = json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(15));
     json_decref(j);
@@ -1228,11 +1379,20 @@ ct_status ct_hf_save(ct_gpt *m, const ct_hf_model *like, const char *dir,
                         "%s: %s cannot hold biases on %s (q/k/v bias %d, o bias %d)", fn,
                         ARCHS[arch - 1].arch, arch == CT_HF_QWEN2 ? "q/k/v only" : "all of q/k/v/o",
                         (int)m->cfg.qkv_bias, (int)m->cfg.o_bias);
-    if (m->cfg.window || m->cfg.score_mod[0] || m->cfg.mask_mod[0])
+    if (arch == CT_HF_MISTRAL && m->cfg.qkv_bias)
+        return ct_error(CT_EINVAL, "%s: MistralForCausalLM has no attention biases", fn);
+    /* what the Hugging Face Llama family cannot express, by setting */
+    if (m->cfg.window)
         return ct_error(CT_EINVAL,
-                        "%s: a model with a sliding window or a compiled score / mask mod has no "
-                        "Hugging Face Llama layout",
-                        fn);
+                        "%s: the model's \"window\" = %lld (a causal sliding window) has no "
+                        "Hugging Face Llama / Qwen2 / Mistral layout here",
+                        fn, (long long)m->cfg.window);
+    if (m->cfg.score_mod[0] || m->cfg.mask_mod[0])
+        return ct_error(CT_EINVAL,
+                        "%s: the model's compiled \"%s\" (%s) has no Hugging Face "
+                        "Llama / Qwen2 / Mistral layout",
+                        fn, m->cfg.score_mod[0] ? "score_mod" : "mask_mod",
+                        m->cfg.score_mod[0] ? m->cfg.score_mod : m->cfg.mask_mod);
     if (like) CT_TRY(same_config(like, m, fn));
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
         return ct_error(CT_EIO, "%s: cannot create '%s': %s", fn, dir, strerror(errno));
@@ -1353,7 +1513,10 @@ ct_status ct_hf_save(ct_gpt *m, const ct_hf_model *like, const char *dir,
             for (int q = 0; q < tmp.ne; q++)
                 if (order[k] == tmp.e[q].hf)
                     json_object_set_new(wm, order[k], json_string(like->names[tmp.e[q].file]));
-        json_object_set_new(ix, "metadata", json_pack("{s:I}", "total_size", (json_int_t)bytes_all));
+        /* the metadata transformers 5 writes */
+        json_object_set_new(ix, "metadata",
+                            json_pack("{s:I, s:I}", "total_parameters", (json_int_t)total,
+                                      "total_size", (json_int_t)bytes_all));
         json_object_set_new(ix, "weight_map", wm);
         char *js = json_dumps(ix, JSON_INDENT(2));
         json_decref(ix);

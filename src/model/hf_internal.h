@@ -27,6 +27,11 @@ typedef struct hf_index {
 ct_status hf_index_parse(const char *json, size_t len, const char *what, hf_index *out);
 void hf_index_free(hf_index *x);
 
+/* json_loadb, and where that fails, again with integer literals of more than 18 digits read
+ * as reals (Jansson refuses integers beyond int64; transformers' files may hold them). */
+#include <jansson.h>
+json_t *hf_json_loadb(const char *text, size_t len, size_t flags, json_error_t *err);
+
 /* Read a whole file of at most max bytes into a new NUL-terminated buffer (ct_free). */
 ct_status hf_read_text(const char *path, size_t max, char **buf, size_t *len);
 

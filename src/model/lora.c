@@ -364,7 +364,7 @@ ct_status lora_parse_config(const char *text, size_t len, int64_t *rank, double 
 {
     const char *what = "adapter_config.json";
     json_error_t err;
-    json_t *j = json_loadb(text, len, JSON_REJECT_DUPLICATES, &err);
+    json_t *j = hf_json_loadb(text, len, JSON_REJECT_DUPLICATES, &err);
     if (!j) return ct_error(CT_EFORMAT, "%s: not JSON (line %d: %s)", what, err.line, err.text);
     ct_status s = CT_OK;
     *rank = 0;
