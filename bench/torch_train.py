@@ -1,32 +1,43 @@
 #!/usr/bin/env python3
-"""The ctorch GPT in PyTorch 1.13, initialised from a ctorch file, for `ctorch bench train` and
-for tests/python/test_train.py (which imports GPT and read_safetensors from here).
+"""The ctorch GPT in PyTorch, initialised from a ctorch file, for `ctorch bench train` (and
+bench/torch_ddp.py) and for the tests (tests/python/test_train.py and others import GPT, load,
+read_safetensors, attention_mask, rmsnorm and rope from here).
 
-    /usr/bin/python3 bench/torch_train.py --weights FILE [--repeats R]
+    .venv/bin/python bench/torch_train.py --weights FILE [--mode eager|compiled]
+                     [--attention causal|mask] [--repeats R] [--threads N]
 
 FILE is a safetensors file written by ctorch (a checkpoint, or `ctorch train --dump-grads`, or
 the one `ctorch bench train` writes): the parameters under ctorch's names, the "config" and
 "train" metadata, and a "tokens" tensor [B, T+1] (the batch: inputs are the first T tokens of
 each row, targets the last T). The script trains on that batch with the same step ctorch takes
 (forward, backward, gradient clipping, AdamW) and prints one JSON object: median step time,
-tokens/s, peak RSS.
+tokens/s, peak RSS, the tracked peak PyTorch exposes on CPU.
 
-The model is written with the ops PyTorch 1.13 has: RMSNorm from its definition, RoPE in the
-rotate-half form with f32 frequencies, attention as softmax(q k^T / sqrt(E) + mask) v with the
-key/value heads repeated for GQA (1.13 has no scaled_dot_product_attention), SwiGLU, and the
-cross-entropy on materialised logits (with z-loss and label smoothing as ctorch defines them).
+Two models of the same maths:
+- GPT: the reference of the tests, written from definitions (RMSNorm, rotate-half RoPE with f32
+  frequencies, softmax(q k^T / sqrt(E) + mask) v with the key/value heads repeated for GQA under
+  the exact mask of ctorch's model: causal, the sliding window, the documents; SwiGLU; the
+  cross-entropy on materialised logits with z-loss and label smoothing as ctorch defines them).
+- SdpaGPT: the benchmark's model, as a PyTorch 2.13 user writes it: a module per block (so FSDP2
+  can shard block by block), F.rms_norm, F.scaled_dot_product_attention with enable_gqa and
+  is_causal=True (--attention causal, the default: the window and the document mask are then
+  NOT applied, and the JSON says so) or the exact boolean mask (--attention mask), F.linear +
+  F.cross_entropy for the head; eager or under torch.compile (--mode compiled).
 """
 import argparse
 import json
 import os
-import resource
 import statistics
 import struct
+import sys
 import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_common as tc  # noqa: E402
 
 _DTYPES = {"F32": np.float32, "F64": np.float64, "F16": np.float16, "I32": np.int32, "I64": np.int64,
            "U8": np.uint8, "I8": np.int8, "I16": np.int16, "BOOL": np.bool_}
@@ -138,44 +149,152 @@ def load(path):
     return model, tokens, train, meta
 
 
-def peak_rss():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+class Block(torch.nn.Module):
+    """One transformer block of SdpaGPT, its parameters under ctorch's names (dots as "__")."""
+
+    def __init__(self, cfg, tensors, pre):
+        super().__init__()
+        self.cfg = cfg
+        for n in ("attention_norm.weight", "attention.wq.weight", "attention.wk.weight", "attention.wv.weight",
+                  "attention.wo.weight", "ffn_norm.weight", "feed_forward.w_gate_up.weight",
+                  "feed_forward.w_down.weight"):
+            self.register_parameter(n.replace(".", "__"),
+                                    torch.nn.Parameter(torch.from_numpy(np.array(tensors[pre + n], dtype=np.float32))))
+
+    def forward(self, h, mask, causal):
+        c = self.cfg
+        B, T, C = h.shape
+        H, K = c["n_head"], c["n_kv_head"]
+        E = C // H
+        eps = c["norm_eps"]
+        a = F.rms_norm(h, (C,), self.attention_norm__weight, eps)
+        q = rope(F.linear(a, self.attention__wq__weight).view(B, T, H, E), c["rope_base"]).transpose(1, 2)
+        k = rope(F.linear(a, self.attention__wk__weight).view(B, T, K, E), c["rope_base"]).transpose(1, 2)
+        v = F.linear(a, self.attention__wv__weight).view(B, T, K, E).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=None if causal else mask, is_causal=causal,
+                                           enable_gqa=H != K)
+        h = h + F.linear(o.transpose(1, 2).reshape(B, T, C), self.attention__wo__weight)
+        f = F.rms_norm(h, (C,), self.ffn_norm__weight, eps)
+        g, u = F.linear(f, self.feed_forward__w_gate_up__weight).chunk(2, -1)
+        return h + F.linear(F.silu(g) * u, self.feed_forward__w_down__weight)
+
+
+class SdpaGPT(torch.nn.Module):
+    """The model of GPT, written with PyTorch 2.13's ops (see the module's docstring)."""
+
+    def __init__(self, cfg, tensors, attention="causal"):
+        super().__init__()
+        self.cfg = cfg
+        self.causal = attention == "causal"
+        self.tok_embeddings = torch.nn.Parameter(
+            torch.from_numpy(np.array(tensors["tok_embeddings.weight"], dtype=np.float32)))
+        self.layers = torch.nn.ModuleList(Block(cfg, tensors, f"layers.{l}.") for l in range(cfg["n_layer"]))
+        self.norm = torch.nn.Parameter(torch.from_numpy(np.array(tensors["norm.weight"], dtype=np.float32)))
+        self.output = None
+        if not cfg["tied"]:
+            self.output = torch.nn.Parameter(torch.from_numpy(np.array(tensors["output.weight"], dtype=np.float32)))
+
+    def forward(self, tokens, eos=-1, z_loss=0.0, label_smoothing=0.0):
+        c = self.cfg
+        inp, tgt = tokens[:, :-1], tokens[:, 1:]
+        B, T = inp.shape
+        mask = None if self.causal else attention_mask(inp, c["window"], eos)
+        h = F.embedding(inp, self.tok_embeddings)
+        for blk in self.layers:
+            h = blk(h, mask, self.causal)
+        h = F.rms_norm(h, (c["d_model"],), self.norm, c["norm_eps"])
+        logits = F.linear(h, self.tok_embeddings if self.output is None else self.output).view(B * T, -1)
+        loss = F.cross_entropy(logits, tgt.reshape(-1), label_smoothing=label_smoothing)
+        if z_loss:
+            loss = loss + z_loss * torch.logsumexp(logits, -1).pow(2).mean()
+        return loss
+
+
+def mask_note(cfg, tokens, eos, attention):
+    """What the PyTorch model's attention masks, beside ctorch's model (causal, window, documents)."""
+    if attention == "mask":
+        return "the model's mask: causal, sliding window, documents (boolean attn_mask)"
+    skipped = []
+    if cfg.get("window"):
+        skipped.append("the sliding window of %d" % cfg["window"])
+    if eos is not None and eos >= 0 and bool((tokens[:, :-1] == eos).any()):
+        skipped.append("the document mask")
+    if not skipped:
+        return "causal (is_causal=True), the model's mask"
+    return "causal only (is_causal=True): %s not applied" % " and ".join(skipped)
+
+
+def make_optimizer(model, tr):
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    other = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": tr.get("weight_decay", 0.1)},
+                              {"params": other, "weight_decay": 0.0}], lr=tr.get("lr", 3e-3),
+                             betas=(tr.get("beta1", 0.9), tr.get("beta2", 0.95)), eps=tr.get("eps", 1e-8))
+
+
+def load_sdpa(path, attention="causal"):
+    """(SdpaGPT, tokens [B, T+1] int64, train options dict, metadata) from a ctorch file."""
+    tensors, meta = read_safetensors(path)
+    cfg = json.loads(meta["config"])
+    train = json.loads(meta.get("train", "{}"))
+    tokens = torch.from_numpy(tensors["tokens"].astype(np.int64)) if "tokens" in tensors else None
+    return SdpaGPT(cfg, tensors, attention), tokens, train, meta
+
+
+def state_bytes(model, opt):
+    """Bytes of the parameters and the optimizer's state tensors."""
+    n = sum(p.numel() * p.element_size() for p in model.parameters())
+    for st in opt.state.values():
+        n += sum(t.numel() * t.element_size() for t in st.values() if torch.is_tensor(t))
+    return n
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--weights", required=True)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--mode", choices=["eager", "compiled"], default="eager",
+                    help="compiled: torch.compile(model); the optimizer step stays eager")
+    ap.add_argument("--attention", choices=["causal", "mask"], default="causal")
+    tc.add_threads_arg(ap)
     a = ap.parse_args()
-    torch.set_num_threads(int(os.environ.get("CT_NUM_THREADS", os.cpu_count())))
-    model, tokens, tr, _ = load(a.weights)
-    decay = [p for n, p in model.named().items() if p.dim() >= 2]
-    other = [p for n, p in model.named().items() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": tr.get("weight_decay", 0.1)},
-                             {"params": other, "weight_decay": 0.0}], lr=tr.get("lr", 3e-3),
-                            betas=(tr.get("beta1", 0.9), tr.get("beta2", 0.95)), eps=tr.get("eps", 1e-8))
+    tc.set_threads(a.threads)
+    model, tokens, tr, _ = load_sdpa(a.weights, a.attention)
+    opt = make_optimizer(model, tr)
     eos = tr.get("eos_token", -1)
+    fwd = torch.compile(model) if a.mode == "compiled" else model
+    zl, ls = tr.get("z_loss", 0.0), tr.get("label_smoothing", 0.0)
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = model(tokens, eos, tr.get("z_loss", 0.0), tr.get("label_smoothing", 0.0))
+        loss = fwd(tokens, eos, zl, ls)
         loss.backward()
         if tr.get("clip", 0) > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), tr["clip"])
         opt.step()
-        return float(loss)
+        return float(loss.detach())
 
-    step()
-    ts, losses = [], []
+    t0 = time.perf_counter()
+    losses = [step()]  # the warm-up (and compilation)
+    first = time.perf_counter() - t0
+    ts = []
     for _ in range(a.repeats):
         t0 = time.perf_counter()
         losses.append(step())
         ts.append(time.perf_counter() - t0)
+    rss = tc.peak_rss()
+    extra = tc.profiled_peak_bytes(step)
+    state = state_bytes(model, opt)
     ntok = tokens.shape[0] * (tokens.shape[1] - 1)
     med = statistics.median(ts)
-    print(json.dumps({"status": "ok", "torch_version": torch.__version__, "threads": torch.get_num_threads(),
-                      "step": {"median_s": med, "min_s": min(ts), "max_s": max(ts), "repeats": a.repeats},
-                      "tokens_per_s": ntok / med, "peak_rss_bytes": peak_rss(), "losses": losses}))
+    out = tc.header(a.mode, model="SdpaGPT (F.scaled_dot_product_attention, F.linear + F.cross_entropy)",
+                    attention=mask_note(model.cfg, tokens, eos, a.attention))
+    out.update(step={"median_s": med, "min_s": min(ts), "max_s": max(ts), "repeats": a.repeats},
+               first_step_s=first, tokens_per_s=ntok / med, peak_rss_bytes=rss,
+               state_bytes=state, peak_tracked_bytes=state + extra,
+               tracked_by="parameters + AdamW state + torch.profiler profile_memory's peak over one step",
+               losses=losses)
+    tc.dump(out)
 
 
 if __name__ == "__main__":
