@@ -102,6 +102,7 @@ typedef struct tentry {
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static tentry g_table[TABLE_MAX];
 static int g_ntable;
+static atomic_uint g_seq; /* temp names */
 static jkernel *g_retired; /* kernels dropped from the table: still loaded, still in use */
 static char g_version[256]; /* first line of the compiler's --version (per process) */
 static char g_version_of[PATH_MAX + 64]; /* ... of this compiler identity (path, size, mtime) */
@@ -141,7 +142,8 @@ ct_jit_options ct_jit_options_default(void)
 typedef struct env {
     char cc[PATH_MAX];  /* resolved path */
     char ident[PATH_MAX + 64];
-    char dir[DIR_MAX];
+    char dir[DIR_MAX];  /* as given (for messages) */
+    int dfd;            /* the checked directory: every entry is reached through it */
     const char *flags[16];
     int nflags;
     char flagstr[256];
@@ -189,24 +191,194 @@ static ct_status resolve_cc(const char *fn, const char *spec, char *out)
                     fn, spec);
 }
 
-static ct_status mkdirs(const char *fn, const char *dir)
+/* ---- the cache directory: opened once, checked on the way ---------------------------------
+ *
+ * The path is walked from "/" one component at a time with openat(O_NOFOLLOW), so what is
+ * checked is what is used: every directory on the way must belong to root or to this user
+ * and be writable by nobody else (a world-writable one only with the sticky bit, like /tmp,
+ * whose entries only their owners can rename); a symbolic link on the way is followed only
+ * when root or this user owns it (it sits in a directory just checked, so nobody else can
+ * change it); the last component is never a link, belongs to this user and is writable by
+ * nobody else. Missing directories are created 0700. The result is a descriptor: entries are
+ * opened, created and renamed relative to it, never through the path again. */
+
+#define WALK_HOPS 40
+
+static ct_status dir_refused(const char *fn, const char *spec, const char *at, const char *why,
+                             const struct stat *st)
 {
-    char tmp[PATH_MAX];
-    size_t n = strlen(dir);
-    if (n >= sizeof tmp) return ct_error(CT_EINVAL, "%s: cache dir path too long", fn);
-    memcpy(tmp, dir, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (tmp[i] != '/' && tmp[i] != '\0') continue;
-        char c = tmp[i];
-        tmp[i] = '\0';
-        if (mkdir(tmp, 0700) != 0 && errno != EEXIST)
-            return ct_error(CT_EIO, "%s: cannot create cache dir %s: %s", fn, tmp, strerror(errno));
-        tmp[i] = c;
-    }
+    return ct_error(CT_EINVAL,
+                    "%s: cache dir %s: %s %s (uid %u, mode %04o): refused, since another user "
+                    "could swap the compiled code ctorch loads (make every directory on the path "
+                    "belong to you or root and writable only by its owner, or set CT_CACHE_DIR "
+                    "to a directory under your home)",
+                    fn, spec, at, why, (unsigned)st->st_uid, (unsigned)(st->st_mode & 07777));
+}
+
+/* A directory the walk passes through: root's or ours, and nobody else may rename its
+ * entries. */
+static ct_status check_parent(const char *fn, const char *spec, const char *at, const struct stat *st)
+{
+    uid_t me = geteuid();
+    if (st->st_uid != 0 && st->st_uid != me)
+        return dir_refused(fn, spec, at, "(on the way to it) belongs to another user", st);
+    if ((st->st_mode & (S_IWGRP | S_IWOTH)) && !(st->st_mode & S_ISVTX))
+        return dir_refused(fn, spec, at, "(on the way to it) is writable by other users", st);
     return CT_OK;
 }
 
-static ct_status cache_dir(const char *fn, const char *spec, char out[DIR_MAX])
+/* Whether a path rest names nothing more than where it is ("", "/", "./.", ...). */
+static bool only_dots(const char *p)
+{
+    for (;;) {
+        while (*p == '/')
+            p++;
+        if (!*p) return true;
+        if (p[0] == '.' && (p[1] == '/' || !p[1])) {
+            p++;
+            continue;
+        }
+        return false;
+    }
+}
+
+ct_status jit_open_cache_dir(const char *fn, const char *spec, int *out)
+{
+    *out = -1;
+    char walked[PATH_MAX] = ""; /* for messages */
+    char rest[2 * PATH_MAX + 2];
+    if (spec[0] == '/') {
+        snprintf(rest, sizeof rest, "%s", spec);
+    } else {
+        char cwd[PATH_MAX];
+        if (!getcwd(cwd, sizeof cwd))
+            return ct_error(CT_EIO, "%s: cache dir %s: cannot read the working directory: %s", fn,
+                            spec, strerror(errno));
+        snprintf(rest, sizeof rest, "%s/%s", cwd, spec);
+    }
+    int fd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return ct_error(CT_EIO, "%s: cache dir %s: cannot open /: %s", fn, spec, strerror(errno));
+    struct stat st;
+    int hops = 0;
+    size_t pos = 0;
+    for (;;) {
+        while (rest[pos] == '/')
+            pos++;
+        if (!rest[pos]) break; /* fd is the last directory */
+        size_t end = pos;
+        while (rest[end] && rest[end] != '/')
+            end++;
+        char comp[NAME_MAX + 1];
+        if (end - pos > NAME_MAX) {
+            close(fd);
+            return ct_error(CT_EINVAL, "%s: cache dir %s: a path component is longer than %d bytes",
+                            fn, spec, NAME_MAX);
+        }
+        memcpy(comp, rest + pos, end - pos);
+        comp[end - pos] = '\0';
+        pos = end;
+        if (!strcmp(comp, ".")) continue;
+        /* the directory fd is about to be searched: it must be trusted */
+        if (fstat(fd, &st) != 0) goto io_error;
+        ct_status s = check_parent(fn, spec, walked[0] ? walked : "/", &st);
+        if (s != CT_OK) {
+            close(fd);
+            return s;
+        }
+        size_t wl = strlen(walked);
+        snprintf(walked + wl, sizeof walked - wl, "/%s", comp);
+        int nfd = openat(fd, comp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (nfd < 0 && errno == ENOENT) {
+            if (mkdirat(fd, comp, 0700) != 0 && errno != EEXIST) {
+                int e = errno;
+                close(fd);
+                return ct_error(CT_EIO,
+                                "%s: cannot create cache dir %s (at %s): %s (set CT_CACHE_DIR to a "
+                                "directory you can write)",
+                                fn, spec, walked, strerror(e));
+            }
+            nfd = openat(fd, comp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        }
+        if (nfd < 0 && (errno == ELOOP || errno == ENOTDIR)) {
+            struct stat ls;
+            if (fstatat(fd, comp, &ls, AT_SYMLINK_NOFOLLOW) != 0) goto io_error;
+            bool last = only_dots(rest + pos);
+            if (!S_ISLNK(ls.st_mode)) {
+                close(fd);
+                return ct_error(CT_EINVAL, "%s: cache dir %s: %s is not a directory", fn, spec, walked);
+            }
+            if (last) {
+                close(fd);
+                return ct_error(CT_EINVAL,
+                                "%s: cache dir %s is a symbolic link: refused (set CT_CACHE_DIR to "
+                                "the directory it points to)",
+                                fn, spec);
+            }
+            if (ls.st_uid != 0 && ls.st_uid != geteuid()) {
+                close(fd);
+                return dir_refused(fn, spec, walked, "(a symbolic link on the way) belongs to another user",
+                                   &ls);
+            }
+            if (++hops > WALK_HOPS) {
+                close(fd);
+                return ct_error(CT_EINVAL, "%s: cache dir %s: more than %d symbolic links", fn, spec,
+                                WALK_HOPS);
+            }
+            char target[PATH_MAX];
+            ssize_t tl = readlinkat(fd, comp, target, sizeof target - 1);
+            if (tl <= 0) goto io_error;
+            target[tl] = '\0';
+            char nrest[sizeof rest];
+            int nl = snprintf(nrest, sizeof nrest, "%s%s", target, rest + pos);
+            if (nl < 0 || (size_t)nl >= sizeof nrest) {
+                close(fd);
+                return ct_error(CT_EINVAL, "%s: cache dir %s: path too long after its links", fn, spec);
+            }
+            memcpy(rest, nrest, (size_t)nl + 1);
+            pos = 0;
+            walked[wl] = '\0'; /* the link's own directory */
+            if (target[0] == '/') {
+                close(fd);
+                fd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+                if (fd < 0) goto io_error;
+                walked[0] = '\0';
+            }
+            continue;
+        }
+        if (nfd < 0) {
+            int e = errno;
+            close(fd);
+            return ct_error(CT_EIO, "%s: cache dir %s: cannot open %s: %s", fn, spec, walked, strerror(e));
+        }
+        close(fd);
+        fd = nfd;
+    }
+    /* the cache directory itself */
+    if (fstat(fd, &st) != 0) goto io_error;
+    if (st.st_uid != geteuid()) {
+        close(fd);
+        return ct_error(CT_EINVAL,
+                        "%s: cache dir %s belongs to another user (uid %u): refused (set "
+                        "CT_CACHE_DIR to a directory of your own)",
+                        fn, spec, (unsigned)st.st_uid);
+    }
+    if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+        close(fd);
+        return ct_error(CT_EINVAL,
+                        "%s: cache dir %s is writable by other users (mode %03o): refused (chmod "
+                        "go-w it, or set CT_CACHE_DIR)",
+                        fn, spec, (unsigned)(st.st_mode & 0777));
+    }
+    *out = fd;
+    return CT_OK;
+io_error:;
+    int e = errno;
+    close(fd);
+    return ct_error(CT_EIO, "%s: cache dir %s (at %s): %s", fn, spec, walked[0] ? walked : "/",
+                    strerror(e));
+}
+
+static ct_status cache_dir(const char *fn, const char *spec, char out[DIR_MAX], int *dfd)
 {
     int n;
     if (spec && *spec) n = snprintf(out, DIR_MAX, "%s", spec);
@@ -219,25 +391,13 @@ static ct_status cache_dir(const char *fn, const char *spec, char out[DIR_MAX])
     else
         return ct_error(CT_EIO, "%s: no cache dir: set CT_CACHE_DIR (HOME is not set)", fn);
     if (n < 0 || n >= DIR_MAX) return ct_error(CT_EINVAL, "%s: cache dir path too long", fn);
-    CT_TRY(mkdirs(fn, out));
-    struct stat st;
-    if (stat(out, &st) != 0)
-        return ct_error(CT_EIO, "%s: cache dir %s: %s", fn, out, strerror(errno));
-    if (!S_ISDIR(st.st_mode)) return ct_error(CT_EIO, "%s: cache dir %s is not a directory", fn, out);
-    if (st.st_uid != geteuid())
-        return ct_error(CT_EINVAL, "%s: cache dir %s belongs to another user (uid %u): refused", fn,
-                        out, (unsigned)st.st_uid);
-    if (st.st_mode & (S_IWGRP | S_IWOTH))
-        return ct_error(CT_EINVAL,
-                        "%s: cache dir %s is writable by other users (mode %03o): refused (chmod "
-                        "go-w it, or set CT_CACHE_DIR)",
-                        fn, out, (unsigned)(st.st_mode & 0777));
-    return CT_OK;
+    return jit_open_cache_dir(fn, out, dfd);
 }
 
 static ct_status make_env(const char *fn, const ct_jit_options *o, env *e)
 {
     memset(e, 0, sizeof *e);
+    e->dfd = -1;
     CT_TRY(resolve_cc(fn, o->cc, e->cc));
     struct stat st;
     if (stat(e->cc, &st) != 0)
@@ -290,7 +450,7 @@ static ct_status make_env(const char *fn, const ct_jit_options *o, env *e)
             e->timeout = 60;
         }
     }
-    return cache_dir(fn, o->cache_dir, e->dir);
+    return cache_dir(fn, o->cache_dir, e->dir, &e->dfd);
 }
 
 /* ---- loading ----------------------------------------------------------------------------- */
@@ -320,10 +480,17 @@ static ct_status read_fd(int fd, uint8_t **buf, size_t *len, size_t max)
 
 /* dlopen the object at path (a private file of this process: a unique name, so the dynamic
  * loader never confuses it with another mod) and resolve the symbols the IR needs. */
-static ct_status load_path(const char *fn, const char *path, const jir *ir, jkernel *k)
+static ct_status load_path(const char *fn, const env *e, const char *path, const jir *ir, jkernel *k)
 {
     void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!dl) return ct_error(CT_EIO, "%s: cannot load the compiled mod: %s", fn, dlerror());
+    if (!dl) {
+        const char *why = dlerror();
+        return ct_error(CT_EIO, "%s: cannot load the compiled mod: %s%s%s%s", fn, why ? why : "?",
+                        why && strstr(why, "map") ? " (a cache dir on a filesystem mounted noexec "
+                                                    "cannot hold it: set CT_CACHE_DIR to another "
+                                                    "directory, now " : "",
+                        why && strstr(why, "map") ? e->dir : "", why && strstr(why, "map") ? ")" : "");
+    }
     int (*abi)(void) = (int (*)(void))dlsym(dl, "ctj_abi");
     if (!abi || abi() != JIT_ABI) {
         dlclose(dl);
@@ -345,58 +512,153 @@ missing:
     return ct_error(CT_EFORMAT, "%s: compiled mod lacks its entry points", fn);
 }
 
-static ct_status write_file(const char *path, const void *data, size_t n);
-static atomic_uint g_seq;
+/* ---- entries, relative to the cache directory's descriptor ------------------------------- */
 
-/* Try the cache entry: CT_OK loaded; CT_EFORMAT damaged (checksum or size mismatch);
- * CT_EIO absent. */
-static ct_status try_cache(const char *fn, const env *e, const char *key, const jir *ir, jkernel *k)
+/* Open an entry for reading: a regular file of this user that nobody else may write, never
+ * through a link, never blocking (a FIFO is refused, not waited on). CT_EIO: absent;
+ * CT_EFORMAT: present but not such a file (the entry is rebuilt over it). */
+static ct_status open_entry(int dfd, const char *name, int *fd)
 {
-    char so[PATH_MAX], sum[PATH_MAX];
-    snprintf(so, sizeof so, "%s/%s.so", e->dir, key);
-    snprintf(sum, sizeof sum, "%s/%s.sum", e->dir, key);
-    int sfd = open(sum, O_RDONLY | O_CLOEXEC);
-    int ofd = open(so, O_RDONLY | O_CLOEXEC);
-    if (sfd < 0 || ofd < 0) {
+    *fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (*fd < 0) return errno == ENOENT ? CT_EIO : CT_EFORMAT;
+    struct stat st;
+    if (fstat(*fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+        (st.st_mode & (S_IWGRP | S_IWOTH))) {
+        close(*fd);
+        *fd = -1;
+        return CT_EFORMAT;
+    }
+    return CT_OK;
+}
+
+/* Create a new file relative to the directory (never through a link, never an existing one). */
+static int create_entry(int dfd, const char *name, int mode)
+{
+    return openat(dfd, name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+}
+
+static ct_status write_all(int fd, const void *data, size_t n)
+{
+    const char *p = data;
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return CT_EIO;
+        p += w;
+        n -= (size_t)w;
+    }
+    return CT_OK;
+}
+
+/* A new file with these bytes; errno kept on failure. */
+static ct_status write_entry(int dfd, const char *name, const void *data, size_t n, int mode)
+{
+    int fd = create_entry(dfd, name, mode);
+    if (fd < 0) return CT_EIO;
+    if (write_all(fd, data, n) != CT_OK) {
+        int e = errno;
+        close(fd);
+        unlinkat(dfd, name, 0);
+        errno = e;
+        return CT_EIO;
+    }
+    if (close(fd) != 0) {
+        int e = errno;
+        unlinkat(dfd, name, 0);
+        errno = e;
+        return CT_EIO;
+    }
+    return CT_OK;
+}
+
+/* The checksum file of an entry: "sha256 <64 hex>\nsize <n>\nkey <key>\n" then free text
+ * (compiler, version). CT_OK when it names exactly these bytes under this key. */
+ct_status jit_cache_verify(const char *key, const uint8_t *sum, size_t sl, const uint8_t *so,
+                           size_t ol)
+{
+    uint8_t d[32];
+    char hx[65], want[256];
+    jit_sha256(so, ol, d);
+    hex(d, hx);
+    int wl = snprintf(want, sizeof want, "sha256 %s\nsize %zu\nkey %s\n", hx, ol, key);
+    if (wl < 0 || (size_t)wl >= sizeof want) return CT_EFORMAT;
+    return sl >= (size_t)wl && memcmp(sum, want, (size_t)wl) == 0 ? CT_OK : CT_EFORMAT;
+}
+
+#define SUM_MAX 4096
+
+/* Read and verify the entry <key>.so / <key>.sum: CT_OK with the verified bytes (the caller
+ * frees them), CT_EIO absent, CT_EFORMAT damaged (rebuilt, never loaded). */
+ct_status jit_cache_read(int dfd, const char *key, uint8_t **so, size_t *ol)
+{
+    char nso[80], nsum[80];
+    snprintf(nso, sizeof nso, "%s.so", key);
+    snprintf(nsum, sizeof nsum, "%s.sum", key);
+    *so = NULL;
+    *ol = 0;
+    int sfd, ofd;
+    ct_status a = open_entry(dfd, nsum, &sfd), b = open_entry(dfd, nso, &ofd);
+    if (a != CT_OK || b != CT_OK) {
         if (sfd >= 0) close(sfd);
         if (ofd >= 0) close(ofd);
-        return (sfd < 0 && ofd < 0) ? CT_EIO : CT_EFORMAT;
+        return a == CT_EIO && b == CT_EIO ? CT_EIO : CT_EFORMAT;
     }
     uint8_t *sb = NULL, *ob = NULL;
-    size_t sl = 0, ol = 0;
-    ct_status s = read_fd(sfd, &sb, &sl, 4096);
-    if (s == CT_OK) s = read_fd(ofd, &ob, &ol, SO_MAX);
+    size_t sl = 0, l = 0;
+    ct_status s = read_fd(sfd, &sb, &sl, SUM_MAX);
+    if (s == CT_OK) s = read_fd(ofd, &ob, &l, SO_MAX);
     close(sfd);
-    if (s == CT_OK) {
-        uint8_t d[32];
-        char hx[65], want[128];
-        jit_sha256(ob, ol, d);
-        hex(d, hx);
-        snprintf(want, sizeof want, "sha256 %s\nsize %zu\n", hx, ol);
-        size_t wl = strlen(want);
-        s = (sl >= wl && memcmp(sb, want, wl) == 0) ? CT_OK : CT_EFORMAT;
-    } else {
-        s = CT_EFORMAT;
-    }
-    ct_free(sb);
     close(ofd);
-    if (s == CT_OK) {
-        /* load the verified bytes from a private copy: what is loaded is what was checked,
-         * whatever another process renames meanwhile */
-        char priv[PATH_MAX];
-        snprintf(priv, sizeof priv, "%s/tmp-load-%ld-%u.so", e->dir, (long)getpid(),
-                 atomic_fetch_add(&g_seq, 1));
-        s = write_file(priv, ob, ol);
-        if (s == CT_OK) {
-            s = load_path(fn, priv, ir, k);
-            if (s != CT_OK) s = CT_EFORMAT;
-        } else {
-            s = ct_error(CT_EIO, "%s: cannot write %s", fn, priv);
-        }
-        unlink(priv);
+    if (s == CT_OK) s = jit_cache_verify(key, sb, sl, ob, l);
+    else s = CT_EFORMAT;
+    ct_free(sb);
+    if (s != CT_OK) {
+        ct_free(ob);
+        return s;
     }
-    ct_free(ob);
+    *so = ob;
+    *ol = l;
+    return CT_OK;
+}
+
+/* dlopen these (verified) bytes: written to a new private file of this process in the cache
+ * directory (O_EXCL; nobody else can write there) and loaded through the directory's
+ * descriptor, /proc/self/fd/<dir>/<name>, so no path that another user could redirect is
+ * involved; the name is unique, so the dynamic loader never takes it for another mod. */
+static ct_status load_bytes(const char *fn, const env *e, const uint8_t *b, size_t n, const jir *ir,
+                            jkernel *k)
+{
+    static atomic_uint seq;
+    char name[96];
+    snprintf(name, sizeof name, "tmp-load-%ld-%u.so", (long)getpid(), atomic_fetch_add(&seq, 1));
+    if (write_entry(e->dfd, name, b, n, 0700) != CT_OK)
+        return ct_error(CT_EIO,
+                        "%s: cannot write in the cache dir %s: %s (free space there, or set "
+                        "CT_CACHE_DIR to another directory)",
+                        fn, e->dir, strerror(errno));
+    char path[PATH_MAX + 128];
+    struct stat a, p;
+    snprintf(path, sizeof path, "/proc/self/fd/%d", e->dfd);
+    if (stat(path, &p) == 0 && fstat(e->dfd, &a) == 0 && a.st_dev == p.st_dev && a.st_ino == p.st_ino)
+        snprintf(path, sizeof path, "/proc/self/fd/%d/%s", e->dfd, name);
+    else /* no /proc: the path, whose every directory was checked to be only ours or root's */
+        snprintf(path, sizeof path, "%s/%s", e->dir, name);
+    ct_status s = load_path(fn, e, path, ir, k);
+    unlinkat(e->dfd, name, 0);
     return s;
+}
+
+/* Try the cache entry: CT_OK loaded; CT_EFORMAT damaged (checksum or size mismatch, not a
+ * file of ours); CT_EIO absent. */
+static ct_status try_cache(const char *fn, const env *e, const char *key, const jir *ir, jkernel *k)
+{
+    uint8_t *b;
+    size_t n;
+    ct_status s = jit_cache_read(e->dfd, key, &b, &n);
+    if (s != CT_OK) return s;
+    s = load_bytes(fn, e, b, n, ir, k);
+    ct_free(b);
+    return s; /* CT_EFORMAT (a verified entry of the wrong ABI) or another failure: rebuilt */
 }
 
 /* ---- processes -------------------------------------------------------------------------- */
@@ -408,14 +670,16 @@ static double now_s(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static ct_status spawn(const char *fn, const env *e, char *const argv[], const char *out_path,
-                       pid_t *pid)
+/* Run the compiler in the cache directory (its working directory is the checked descriptor,
+ * so the names it is given are relative to it and nobody else's), output to out_fd. */
+static ct_status spawn(const char *fn, const env *e, char *const argv[], int out_fd, pid_t *pid)
 {
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 1, out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
+    posix_spawn_file_actions_adddup2(&fa, out_fd, 2);
+    posix_spawn_file_actions_addfchdir_np(&fa, e->dfd);
     int r = posix_spawn(pid, e->cc, &fa, NULL, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
     if (r != 0)
@@ -424,13 +688,22 @@ static ct_status spawn(const char *fn, const env *e, char *const argv[], const c
     return CT_OK;
 }
 
-static void slurp(const char *path, char *buf, size_t cap)
+/* An unnamed scratch file for a process's output (created in the cache dir, then unlinked). */
+static int scratch_fd(const env *e)
+{
+    static atomic_uint seq;
+    char name[96];
+    snprintf(name, sizeof name, "tmp-out-%ld-%u", (long)getpid(), atomic_fetch_add(&seq, 1));
+    int fd = create_entry(e->dfd, name, 0600);
+    if (fd >= 0) unlinkat(e->dfd, name, 0);
+    return fd;
+}
+
+static void slurp_fd(int fd, char *buf, size_t cap)
 {
     buf[0] = '\0';
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return;
-    ssize_t n = read(fd, buf, cap - 1);
-    close(fd);
+    ssize_t n = pread(fd, buf, cap - 1, 0);
     buf[n > 0 ? n : 0] = '\0';
 }
 
@@ -439,12 +712,11 @@ static void slurp(const char *path, char *buf, size_t cap)
 static void compiler_version(const char *fn, const env *e)
 {
     if (!strcmp(g_version_of, e->ident)) return;
-    char out[PATH_MAX];
-    snprintf(out, sizeof out, "%s/tmp-version-%ld.txt", e->dir, (long)getpid());
+    int out = scratch_fd(e);
     char *argv[] = {(char *)e->cc, "--version", NULL};
     pid_t pid;
     g_version[0] = '\0';
-    if (spawn(fn, e, argv, out, &pid) == CT_OK) {
+    if (out >= 0 && spawn(fn, e, argv, out, &pid) == CT_OK) {
         double t0 = now_s();
         int stt;
         for (;;) {
@@ -457,75 +729,79 @@ static void compiler_version(const char *fn, const env *e)
             }
             nanosleep(&(struct timespec){0, 1000000}, NULL);
         }
-        slurp(out, g_version, sizeof g_version);
+        slurp_fd(out, g_version, sizeof g_version);
         char *nl = strchr(g_version, '\n');
         if (nl) *nl = '\0';
     }
-    unlink(out);
+    if (out >= 0) close(out);
     snprintf(g_version_of, sizeof g_version_of, "%s", e->ident);
 }
 
 typedef struct job {
     int ir;            /* index into the batch */
     char key[65];
-    char base[PATH_MAX]; /* temp path prefix */
+    char base[128];    /* temp name prefix, relative to the cache dir */
     char *src;
+    int err_fd;        /* the compiler's output (unnamed) */
     pid_t pid;
     double t0;
     bool running, done;
     ct_status st;
 } job;
 
-static ct_status write_file(const char *path, const void *data, size_t n)
+/* Report a compiler failure. An error at a line of the generated source is a bug of ctorch
+ * (the message shows the source around it); anything else (no space or no right to write in
+ * the cache dir, a file size limit, a compiler that cannot build shared objects) is said as
+ * such, with what to check. */
+static ct_status compile_error(const char *fn, const env *e, const job *j, int status)
 {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) return CT_EIO;
-    const char *p = data;
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w <= 0) {
-            close(fd);
-            return CT_EIO;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return close(fd) == 0 ? CT_OK : CT_EIO;
-}
-
-/* Report a compile error with the generated source around the line it names. */
-static ct_status compile_error(const char *fn, const job *j, int status)
-{
-    char err[2048], path[PATH_MAX + 8];
-    snprintf(path, sizeof path, "%s.err", j->base);
-    slurp(path, err, sizeof err);
+    char err[2048];
+    slurp_fd(j->err_fd, err, sizeof err);
+    char srcname[160];
+    snprintf(srcname, sizeof srcname, "%s.c:", j->base);
     int line = 0;
-    const char *m = strstr(err, ".c:");
-    if (m) line = atoi(m + 3);
-    const char *el = strstr(err, "error");
-    if (el) {
-        while (el > err && el[-1] != '\n')
-            el--;
-        const char *m2 = strstr(el, ".c:");
-        if (m2) line = atoi(m2 + 3);
-    } else {
-        el = err;
+    const char *el = NULL;
+    /* the first line that names the source at a line and says error */
+    for (const char *p = err; *p;) {
+        const char *nl = strchr(p, '\n');
+        size_t len = nl ? (size_t)(nl - p) : strlen(p);
+        const char *m = strstr(p, srcname);
+        if (m && m < p + len && m[strlen(srcname)] >= '1' && m[strlen(srcname)] <= '9') {
+            const char *er = strstr(p, "error");
+            if (er && er < p + len) {
+                el = p;
+                line = atoi(m + strlen(srcname));
+                break;
+            }
+        }
+        if (!nl) break;
+        p = nl + 1;
     }
-    const char *nl = strchr(el, '\n');
+    const char *shown = el ? el : err;
+    while (*shown == '\n')
+        shown++;
+    const char *nl = strchr(shown, '\n');
     char first[256];
-    snprintf(first, sizeof first, "%.*s", nl ? (int)(nl - el) : (int)strlen(el), el);
+    snprintf(first, sizeof first, "%.*s", nl ? (int)(nl - shown) : (int)strlen(shown), shown);
+    if (!el)
+        return ct_error(CT_EIO,
+                        "%s: the C compiler %s failed (status %d) without an error in the generated "
+                        "source: %s (check that it can build a shared object, and that the cache "
+                        "dir %s is writable with free space and no file size limit; or set CC / "
+                        "CT_CACHE_DIR)",
+                        fn, e->cc, status, first[0] ? first : "(no output)", e->dir);
     char ctxt[600] = "";
     size_t off = 0;
     if (line > 0 && j->src) {
         const char *p = j->src;
         for (int ln = 1; *p && ln <= line + 1; ln++) {
-            const char *e = strchr(p, '\n');
-            int len = e ? (int)(e - p) : (int)strlen(p);
+            const char *q = strchr(p, '\n');
+            int len = q ? (int)(q - p) : (int)strlen(p);
             if (ln >= line - 1 && off < sizeof ctxt)
                 off += (size_t)snprintf(ctxt + off, sizeof ctxt - off, "%c%5d | %.*s\n",
                                         ln == line ? '>' : ' ', ln, len > 100 ? 100 : len, p);
-            if (!e) break;
-            p = e + 1;
+            if (!q) break;
+            p = q + 1;
         }
     }
     return ct_error(CT_EINTERNAL,
@@ -534,48 +810,54 @@ static ct_status compile_error(const char *fn, const job *j, int status)
                     fn, status, first, ctxt);
 }
 
-static void cleanup(const job *j)
+static void cleanup(const env *e, job *j)
 {
-    static const char *ext[] = {".c", ".so", ".err", ".sum"};
-    char p[PATH_MAX + 8];
-    for (int i = 0; i < 4; i++) {
+    if (!j->base[0]) return;
+    static const char *ext[] = {".c", ".so", ".sum"};
+    char p[160];
+    for (int i = 0; i < 3; i++) {
         snprintf(p, sizeof p, "%s%s", j->base, ext[i]);
-        unlink(p);
+        unlinkat(e->dfd, p, 0);
     }
+    if (j->err_fd >= 0) close(j->err_fd);
+    j->err_fd = -1;
 }
 
-/* Finish a job whose compiler exited 0: checksum, load from our own file, publish. */
+/* Finish a job whose compiler exited 0: read its output through the directory, load those
+ * bytes, then publish them with their checksum. */
 static ct_status publish(const char *fn, const env *e, job *j, const jir *ir, jkernel *k)
 {
-    char so[PATH_MAX + 8], sum[PATH_MAX + 8], dso[PATH_MAX], dsum[PATH_MAX];
+    char so[160], sum[160], dso[80], dsum[80];
     snprintf(so, sizeof so, "%s.so", j->base);
     snprintf(sum, sizeof sum, "%s.sum", j->base);
-    snprintf(dso, sizeof dso, "%s/%s.so", e->dir, j->key);
-    snprintf(dsum, sizeof dsum, "%s/%s.sum", e->dir, j->key);
-    int fd = open(so, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ct_error(CT_EIO, "%s: the compiler wrote no output %s", fn, so);
+    snprintf(dso, sizeof dso, "%s.so", j->key);
+    snprintf(dsum, sizeof dsum, "%s.sum", j->key);
+    int fd;
+    if (open_entry(e->dfd, so, &fd) != CT_OK)
+        return ct_error(CT_EIO, "%s: the compiler wrote no output %s in the cache dir %s", fn, so, e->dir);
     uint8_t *b;
     size_t n;
     ct_status s = read_fd(fd, &b, &n, SO_MAX);
-    if (s != CT_OK) {
-        close(fd);
-        return ct_error(CT_EIO, "%s: cannot read %s", fn, so);
-    }
+    close(fd);
+    if (s != CT_OK) return ct_error(CT_EIO, "%s: cannot read %s in the cache dir %s", fn, so, e->dir);
     uint8_t d[32];
     char hx[65], text[768];
     jit_sha256(b, n, d);
-    ct_free(b);
     hex(d, hx);
     int tl = snprintf(text, sizeof text, "sha256 %s\nsize %zu\nkey %s\ncompiler %s\nversion %s\n",
                       hx, n, j->key, e->ident, g_version);
-    close(fd);
-    s = load_path(fn, so, ir, k); /* our own file, before it is published */
+    s = load_bytes(fn, e, b, n, ir, k); /* what was hashed, before it is published */
+    ct_free(b);
     if (s != CT_OK) return s;
     /* publish: the .so first, then its checksum; a reader seeing a new .so with an old (or no)
      * checksum treats it as damaged and rebuilds, never loads it */
-    if (write_file(sum, text, (size_t)(tl < (int)sizeof text ? tl : (int)sizeof text - 1)) != CT_OK ||
-        rename(so, dso) != 0 || rename(sum, dsum) != 0)
-        return ct_error(CT_EIO, "%s: cannot write the cache entry %s: %s", fn, dso, strerror(errno));
+    if (write_entry(e->dfd, sum, text, (size_t)(tl < (int)sizeof text ? tl : (int)sizeof text - 1),
+                    0600) != CT_OK ||
+        renameat(e->dfd, so, e->dfd, dso) != 0 || renameat(e->dfd, sum, e->dfd, dsum) != 0)
+        return ct_error(CT_EIO,
+                        "%s: cannot write the cache entry %s in the cache dir %s: %s (free space "
+                        "there, or set CT_CACHE_DIR to another directory)",
+                        fn, dso, e->dir, strerror(errno));
     return CT_OK;
 }
 
@@ -583,16 +865,23 @@ static ct_status publish(const char *fn, const env *e, job *j, const jir *ir, jk
 static ct_status run_jobs(const char *fn, const env *e, job *jobs, int nj, jir **irs,
                           jkernel **ks)
 {
+    for (int i = 0; i < nj; i++)
+        jobs[i].err_fd = -1;
     for (int i = 0; i < nj; i++) {
         job *j = &jobs[i];
-        snprintf(j->base, sizeof j->base, "%s/tmp-%.16s-%ld-%u", e->dir, j->key, (long)getpid(),
+        snprintf(j->base, sizeof j->base, "tmp-%.16s-%ld-%u", j->key, (long)getpid(),
                  atomic_fetch_add(&g_seq, 1));
-        char path[PATH_MAX + 8];
+        char path[160];
         snprintf(path, sizeof path, "%s.c", j->base);
-        if (write_file(path, j->src, strlen(j->src)) != CT_OK) {
+        if (write_entry(e->dfd, path, j->src, strlen(j->src), 0600) != CT_OK ||
+            (j->err_fd = scratch_fd(e)) < 0) {
+            int er = errno;
             for (int k = 0; k <= i; k++)
-                cleanup(&jobs[k]);
-            return ct_error(CT_EIO, "%s: cannot write %s: %s", fn, path, strerror(errno));
+                cleanup(e, &jobs[k]);
+            return ct_error(CT_EIO,
+                            "%s: cannot write in the cache dir %s: %s (free space there, or set "
+                            "CT_CACHE_DIR to another directory)",
+                            fn, e->dir, strerror(er));
         }
     }
     compiler_version(fn, e);
@@ -601,10 +890,9 @@ static ct_status run_jobs(const char *fn, const env *e, job *jobs, int nj, jir *
     while (done < nj) {
         while (running < e->threads && next < nj && first == CT_OK) {
             job *j = &jobs[next++];
-            char c[PATH_MAX + 8], so[PATH_MAX + 8], err[PATH_MAX + 8];
+            char c[160], so[160];
             snprintf(c, sizeof c, "%s.c", j->base);
             snprintf(so, sizeof so, "%s.so", j->base);
-            snprintf(err, sizeof err, "%s.err", j->base);
             char *argv[24];
             int a = 0;
             argv[a++] = (char *)e->cc;
@@ -615,7 +903,7 @@ static ct_status run_jobs(const char *fn, const env *e, job *jobs, int nj, jir *
             argv[a++] = c;
             argv[a++] = "-lm";
             argv[a] = NULL;
-            j->st = spawn(fn, e, argv, err, &j->pid);
+            j->st = spawn(fn, e, argv, j->err_fd, &j->pid);
             if (j->st != CT_OK) {
                 first = j->st;
                 j->done = true;
@@ -648,7 +936,7 @@ static ct_status run_jobs(const char *fn, const env *e, job *jobs, int nj, jir *
             if (w < 0 && errno == EINTR) continue;
             if (w < 0) j->st = ct_error(CT_EINTERNAL, "%s: waitpid: %s", fn, strerror(errno));
             else if (!WIFEXITED(stt) || WEXITSTATUS(stt) != 0)
-                j->st = compile_error(fn, j, WIFEXITED(stt) ? WEXITSTATUS(stt) : -WTERMSIG(stt));
+                j->st = compile_error(fn, e, j, WIFEXITED(stt) ? WEXITSTATUS(stt) : -WTERMSIG(stt));
             else j->st = publish(fn, e, j, irs[j->ir], ks[j->ir]);
         finished:
             j->running = false;
@@ -665,7 +953,7 @@ static ct_status run_jobs(const char *fn, const env *e, job *jobs, int nj, jir *
         }
     }
     for (int i = 0; i < nj; i++)
-        cleanup(&jobs[i]);
+        cleanup(e, &jobs[i]);
     return first;
 }
 
@@ -801,6 +1089,7 @@ out_free:
     ct_free(jobs);
     ct_free(fresh);
     ct_free(tkeys);
+    if (e && e->dfd >= 0) close(e->dfd);
     ct_free(e);
     return s;
 }

@@ -116,6 +116,22 @@ typedef struct jkernel {
  * are moved into the kernels when new (irs[i] set to NULL), else left to the caller. */
 ct_status jit_build(jir **irs, int n, const ct_jit_options *opt, jkernel **kernels);
 
+/* Open the cache directory spec (created 0700 where missing) by walking it from "/" without
+ * following links that others could change; every directory on the way must be root's or
+ * this user's and writable by nobody else (sticky world-writable ones, like /tmp, pass), the
+ * last one this user's. *dfd: its descriptor (O_CLOEXEC). CT_EINVAL / CT_EIO with a message
+ * naming the directory and the rule. */
+ct_status jit_open_cache_dir(const char *fn, const char *spec, int *dfd);
+
+/* CT_OK when sum (a .sum file's bytes) names exactly these .so bytes under this key. */
+ct_status jit_cache_verify(const char *key, const uint8_t *sum, size_t sl, const uint8_t *so,
+                           size_t ol);
+
+/* Read <key>.sum and <key>.so relative to the directory descriptor (regular files of this
+ * user that nobody else may write, never through links, never blocking) and verify them:
+ * CT_OK with the verified bytes in *so (ct_free them), CT_EIO absent, CT_EFORMAT damaged. */
+ct_status jit_cache_read(int dfd, const char *key, uint8_t **so, size_t *ol);
+
 /* SHA-256 of data into 32 bytes. */
 void jit_sha256(const void *data, size_t len, uint8_t out[32]);
 
