@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
-"""Python baselines for `ctorch bench io`, on the file the benchmark wrote: what a Python
-program without the safetensors package does (struct + json for the header, numpy.memmap
-for the data, torch for bf16 -> f32), timed like the C side (one warm-up, median of
-repeats), printed as one JSON object. Runnable by hand:
+"""Python baselines for `ctorch bench io`, on the file the benchmark wrote, timed like the C side
+(one warm-up, median of repeats), printed as one JSON object naming the torch, numpy and
+safetensors versions:
+- what a Python program without the safetensors package does (struct + json for the header,
+  numpy.memmap for the data, torch for bf16 -> f32, write() + os.replace to save);
+- what a PyTorch 2.13 user does: the safetensors package's safetensors.torch.load_file (every
+  tensor read into memory) and save_file.
+Runnable by hand:
 
-    /usr/bin/python3 bench/io_baseline.py --file /tmp/x.safetensors --out /tmp/y.safetensors
+    .venv/bin/python bench/io_baseline.py --file x.safetensors --out y.safetensors
 """
 import argparse
 import json
@@ -12,10 +16,15 @@ import mmap
 import os
 import statistics
 import struct
+import sys
 import time
 import warnings
 
 import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_common as tc  # noqa: E402
 
 # torch warns that the memmap is read-only; the baseline only reads it.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -44,8 +53,10 @@ def main():
     p.add_argument("--file", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--repeats", type=int, default=3)
+    tc.add_threads_arg(p)
     a = p.parse_args()
-    out = {"status": "ok", "numpy_version": np.__version__}
+    tc.set_threads(a.threads)
+    out = tc.header("eager", numpy_version=np.__version__)
     size = os.path.getsize(a.file)
 
     def open_file():
@@ -63,24 +74,39 @@ def main():
     out["open"] = timed(open_file, a.repeats)
     out["read_checksum"] = timed(read_checksum, a.repeats)
     out["read_checksum"]["gb_per_s"] = size / out["read_checksum"]["median_s"] * 1e-9
-    try:
-        import torch
+    def convert():
+        mm, n, hdr = open_file()
+        total = 0
+        for t in hdr.values():
+            b, e = t["data_offsets"]
+            x = torch.from_numpy(np.asarray(mm[8 + n + b: 8 + n + e]).view(np.int16))
+            total += x.view(torch.bfloat16).float().numel()
+        return total
 
-        def convert():
-            mm, n, hdr = open_file()
-            total = 0
-            for t in hdr.values():
-                b, e = t["data_offsets"]
-                x = torch.from_numpy(np.asarray(mm[8 + n + b: 8 + n + e]).view(np.int16))
-                total += x.view(torch.bfloat16).float().numel()
-            return total
+    out["convert_bf16_f32"] = timed(convert, a.repeats)
+    out["convert_bf16_f32"]["gb_per_s"] = 2 * size / out["convert_bf16_f32"]["median_s"] * 1e-9
 
-        torch.set_num_threads(int(os.environ.get("CT_NUM_THREADS", os.cpu_count())))
-        out["torch_version"] = torch.__version__
-        out["convert_bf16_f32"] = timed(convert, a.repeats)
-        out["convert_bf16_f32"]["gb_per_s"] = 2 * size / out["convert_bf16_f32"]["median_s"] * 1e-9
-    except ImportError:
-        out["convert_bf16_f32"] = {"status": "torch not installed"}
+    # the safetensors package, as a PyTorch user reads and writes these files
+    import safetensors
+    import safetensors.torch as st
+
+    out["safetensors_version"] = safetensors.__version__
+    loaded = {}
+
+    def load_file():
+        loaded.clear()
+        loaded.update(st.load_file(a.file))
+
+    out["safetensors_load_file"] = timed(load_file, a.repeats)
+    out["safetensors_load_file"]["gb_per_s"] = size / out["safetensors_load_file"]["median_s"] * 1e-9
+
+    def save_file():
+        st.save_file(loaded, a.out + ".st")
+
+    out["safetensors_save_file"] = timed(save_file, a.repeats)
+    out["safetensors_save_file"]["gb_per_s"] = size / out["safetensors_save_file"]["median_s"] * 1e-9
+    os.unlink(a.out + ".st")
+    loaded.clear()
 
     mm, n, hdr = open_file()
     arrays = {k: np.array(mm[8 + n + t["data_offsets"][0]: 8 + n + t["data_offsets"][1]]) for k, t in hdr.items()}
@@ -102,7 +128,7 @@ def main():
     out["save_no_fsync"] = timed(save, a.repeats)
     out["save_no_fsync"]["gb_per_s"] = size / out["save_no_fsync"]["median_s"] * 1e-9
     os.unlink(a.out)
-    print(json.dumps(out))
+    tc.dump(out)
 
 
 if __name__ == "__main__":
