@@ -115,10 +115,10 @@ typedef enum pk_kind {
     PK_SET,
     PK_GLOBAL,  /* an allowed global: .u.global */
     PK_STORAGE, /* from persistent_load: .u.storage */
-    PK_TENSOR,  /* from _rebuild_tensor(_v2) / _rebuild_parameter */
+    PK_TENSOR,  /* from _rebuild_tensor(_v2 / _v3) / _rebuild_parameter */
 } pk_kind;
 
-/* Allowed globals (weights_only=True in PyTorch 1.13). */
+/* Allowed globals (weights_only=True in PyTorch 2.13). */
 typedef enum pk_global_id {
     PKG_ORDERED_DICT,
     PKG_PARAMETER,
@@ -131,6 +131,7 @@ typedef enum pk_global_id {
     PKG_REBUILD_PARAMETER,
     PKG_REBUILD_TENSOR,
     PKG_REBUILD_TENSOR_V2,
+    PKG_REBUILD_TENSOR_V3, /* (storage, offset, size, stride, requires_grad, hooks, dtype[, meta]) */
     PKG_REBUILD_SPARSE_TENSOR,
     PKG_REBUILD_META_TENSOR,
     PKG_REBUILD_SPARSE_CSR_TENSOR,
@@ -145,9 +146,14 @@ typedef struct pk_storage_type {
     bool complex_pairs; /* ComplexDoubleStorage: each element is two F64 */
     bool quantized;     /* QInt8Storage, ...: ctorch has no quantized tensors */
     bool untyped;       /* UntypedStorage: bytes */
+    bool dtype_only;    /* not a storage global: the element type of a torch dtype (v3 rebuilds) */
 } pk_storage_type;
 extern const pk_storage_type ct_pk_storage_types[];
 extern const size_t ct_pk_storage_type_count;
+/* The storage type holding the elements of torch dtype number arg (a PKG_DTYPE global's
+ * .arg): true and *type (an index into ct_pk_storage_types), false where ctorch has no such
+ * element type (bits1x8, float4_e2m1fn_x2, ...). *name is the dtype's name either way. */
+bool ct_pk_dtype_storage_type(uint16_t arg, size_t *type, const char **name);
 
 typedef struct pk_obj pk_obj;
 typedef struct pk_tensor {
@@ -156,6 +162,8 @@ typedef struct pk_tensor {
     int ndim;
     int64_t *shape, *strides;
     bool parameter, requires_grad;
+    bool has_dtype; /* _rebuild_tensor_v3: the dtype below gives the elements */
+    uint16_t dtype; /* a PKG_DTYPE .arg */
 } pk_tensor;
 
 struct pk_obj {

@@ -16,25 +16,37 @@
 /* ---- tables --------------------------------------------------------------------------- */
 
 const pk_storage_type ct_pk_storage_types[] = {
-    {"FloatStorage", CT_ST_F32, 4, false, false, false},
-    {"DoubleStorage", CT_ST_F64, 8, false, false, false},
-    {"HalfStorage", CT_ST_F16, 2, false, false, false},
-    {"BFloat16Storage", CT_ST_BF16, 2, false, false, false},
-    {"ComplexFloatStorage", CT_ST_C64, 8, false, false, false},
-    {"ComplexDoubleStorage", CT_ST_F64, 16, true, false, false},
-    {"ByteStorage", CT_ST_U8, 1, false, false, false},
-    {"CharStorage", CT_ST_I8, 1, false, false, false},
-    {"ShortStorage", CT_ST_I16, 2, false, false, false},
-    {"IntStorage", CT_ST_I32, 4, false, false, false},
-    {"LongStorage", CT_ST_I64, 8, false, false, false},
-    {"BoolStorage", CT_ST_BOOL, 1, false, false, false},
-    {"QInt8Storage", CT_ST_I8, 1, false, true, false},
-    {"QUInt8Storage", CT_ST_U8, 1, false, true, false},
-    {"QInt32Storage", CT_ST_I32, 4, false, true, false},
-    {"QUInt4x2Storage", CT_ST_U8, 1, false, true, false},
-    {"QUInt2x4Storage", CT_ST_U8, 1, false, true, false},
-    {"UntypedStorage", CT_ST_U8, 1, false, false, true},
-    {"TypedStorage", CT_ST_U8, 1, false, false, true}, /* no dtype: refused when used */
+    {"FloatStorage", CT_ST_F32, 4, false, false, false, false},
+    {"DoubleStorage", CT_ST_F64, 8, false, false, false, false},
+    {"HalfStorage", CT_ST_F16, 2, false, false, false, false},
+    {"BFloat16Storage", CT_ST_BF16, 2, false, false, false, false},
+    {"ComplexFloatStorage", CT_ST_C64, 8, false, false, false, false},
+    {"ComplexDoubleStorage", CT_ST_F64, 16, true, false, false, false},
+    {"ByteStorage", CT_ST_U8, 1, false, false, false, false},
+    {"CharStorage", CT_ST_I8, 1, false, false, false, false},
+    {"ShortStorage", CT_ST_I16, 2, false, false, false, false},
+    {"IntStorage", CT_ST_I32, 4, false, false, false, false},
+    {"LongStorage", CT_ST_I64, 8, false, false, false, false},
+    {"BoolStorage", CT_ST_BOOL, 1, false, false, false, false},
+    {"QInt8Storage", CT_ST_I8, 1, false, true, false, false},
+    {"QUInt8Storage", CT_ST_U8, 1, false, true, false, false},
+    {"QInt32Storage", CT_ST_I32, 4, false, true, false, false},
+    {"QUInt4x2Storage", CT_ST_U8, 1, false, true, false, false},
+    {"QUInt2x4Storage", CT_ST_U8, 1, false, true, false, false},
+    {"UntypedStorage", CT_ST_U8, 1, false, false, true, false},
+    {"TypedStorage", CT_ST_U8, 1, false, false, true, false}, /* no dtype: refused when used */
+    /* element types of dtypes that torch (2.x) saves in untyped storages (_rebuild_tensor_v3) */
+    {"float8_e4m3fn", CT_ST_F8_E4M3, 1, false, false, false, true},
+    {"float8_e5m2", CT_ST_F8_E5M2, 1, false, false, false, true},
+    {"float8_e4m3fnuz", CT_ST_F8_E4M3FNUZ, 1, false, false, false, true},
+    {"float8_e5m2fnuz", CT_ST_F8_E5M2FNUZ, 1, false, false, false, true},
+    {"float8_e8m0fnu", CT_ST_F8_E8M0, 1, false, false, false, true},
+    {"uint16", CT_ST_U16, 2, false, false, false, true},
+    {"uint32", CT_ST_U32, 4, false, false, false, true},
+    {"uint64", CT_ST_U64, 8, false, false, false, true},
+    {"complex32", CT_ST_F16, 4, true, false, false, true}, /* F16 pairs, as complex128 */
+    {"bits8", CT_ST_U8, 1, false, false, false, true},      /* opaque bits: their bytes */
+    {"bits16", CT_ST_U16, 2, false, false, false, true},
 };
 const size_t ct_pk_storage_type_count = sizeof ct_pk_storage_types / sizeof ct_pk_storage_types[0];
 
@@ -44,9 +56,52 @@ static bool cuda_storage(size_t i)
     return !ct_pk_storage_types[i].quantized && !ct_pk_storage_types[i].untyped;
 }
 
-static const char *const dtype_globals[] = {"complex32", "complex64", "complex128", "float16",
-                                            "float32",   "float64",   "int8",       "int16",
-                                            "int32",     "int64"};
+/* torch's dtypes (weights_only allows every one in 2.x); the first ten were 1.13's list. With
+ * the storage type holding their elements (NULL: none in ctorch). */
+static const struct {
+    const char *name, *storage;
+} dtype_globals[] = {
+    {"complex32", "complex32"},
+    {"complex64", "ComplexFloatStorage"},
+    {"complex128", "ComplexDoubleStorage"},
+    {"float16", "HalfStorage"},
+    {"float32", "FloatStorage"},
+    {"float64", "DoubleStorage"},
+    {"int8", "CharStorage"},
+    {"int16", "ShortStorage"},
+    {"int32", "IntStorage"},
+    {"int64", "LongStorage"},
+    {"bfloat16", "BFloat16Storage"},
+    {"bool", "BoolStorage"},
+    {"uint8", "ByteStorage"},
+    {"uint16", "uint16"},
+    {"uint32", "uint32"},
+    {"uint64", "uint64"},
+    {"float8_e4m3fn", "float8_e4m3fn"},
+    {"float8_e5m2", "float8_e5m2"},
+    {"float8_e4m3fnuz", "float8_e4m3fnuz"},
+    {"float8_e5m2fnuz", "float8_e5m2fnuz"},
+    {"float8_e8m0fnu", "float8_e8m0fnu"},
+    {"bits8", "bits8"},
+    {"bits16", "bits16"},
+    {"float4_e2m1fn_x2", NULL}, /* two 4-bit values a byte, shaped in bytes: not modelled */
+    {"bits1x8", NULL},
+    {"bits2x4", NULL},
+    {"bits4x2", NULL},
+};
+
+bool ct_pk_dtype_storage_type(uint16_t arg, size_t *type, const char **name)
+{
+    if (arg >= sizeof dtype_globals / sizeof dtype_globals[0]) return false;
+    *name = dtype_globals[arg].name;
+    if (!dtype_globals[arg].storage) return false;
+    for (size_t i = 0; i < ct_pk_storage_type_count; i++)
+        if (!strcmp(ct_pk_storage_types[i].name, dtype_globals[arg].storage)) {
+            *type = i;
+            return true;
+        }
+    return false;
+}
 
 static const char *const tensor_classes[] = {
     "BFloat16Tensor", "CharTensor", "IntTensor",   "LongTensor",  "HalfTensor",
@@ -64,6 +119,7 @@ static const struct {
     {"torch._utils._rebuild_parameter", PKG_REBUILD_PARAMETER},
     {"torch._utils._rebuild_tensor", PKG_REBUILD_TENSOR},
     {"torch._utils._rebuild_tensor_v2", PKG_REBUILD_TENSOR_V2},
+    {"torch._utils._rebuild_tensor_v3", PKG_REBUILD_TENSOR_V3},
     {"torch._utils._rebuild_sparse_tensor", PKG_REBUILD_SPARSE_TENSOR},
     {"torch._utils._rebuild_meta_tensor_no_storage", PKG_REBUILD_META_TENSOR},
     {"torch._utils._rebuild_sparse_csr_tensor", PKG_REBUILD_SPARSE_CSR_TENSOR},
@@ -82,7 +138,7 @@ static bool allowed_global(const char *mod, const char *name, pk_global_id *id, 
         }
     if (!strcmp(mod, "torch"))
         for (size_t i = 0; i < sizeof dtype_globals / sizeof dtype_globals[0]; i++)
-            if (!strcmp(name, dtype_globals[i])) {
+            if (!strcmp(name, dtype_globals[i].name)) {
                 *id = PKG_DTYPE;
                 *arg = (uint16_t)i;
                 return true;
@@ -97,7 +153,7 @@ static bool allowed_global(const char *mod, const char *name, pk_global_id *id, 
             }
     for (size_t i = 0; i < ct_pk_storage_type_count; i++) {
         const pk_storage_type *t = &ct_pk_storage_types[i];
-        if (strcmp(name, t->name)) continue;
+        if (t->dtype_only || strcmp(name, t->name)) continue;
         bool ok = t->untyped
                       ? !strcmp(mod, "torch.storage")
                       : !strcmp(mod, "torch") || (!strcmp(mod, "torch.cuda") && cuda_storage(i));
@@ -571,12 +627,15 @@ static ct_status int_tuple(pk_machine *m, const pk_obj *o, const char *what, int
     return CT_OK;
 }
 
-static ct_status rebuild_tensor(pk_machine *m, pk_obj **a, size_t n, bool v2, pk_obj **out)
+static ct_status rebuild_tensor(pk_machine *m, pk_obj **a, size_t n, int version, pk_obj **out)
 {
-    const char *fn = v2 ? "torch._utils._rebuild_tensor_v2" : "torch._utils._rebuild_tensor";
-    if (v2 ? (n != 6 && n != 7) : n != 4)
+    bool v2 = version >= 2, v3 = version == 3;
+    const char *fn = v3   ? "torch._utils._rebuild_tensor_v3"
+                     : v2 ? "torch._utils._rebuild_tensor_v2"
+                          : "torch._utils._rebuild_tensor";
+    if (v3 ? (n != 7 && n != 8) : v2 ? (n != 6 && n != 7) : n != 4)
         return pfail(m, CT_EFORMAT, "reduce", "%s takes %s arguments, got %zu", fn,
-                     v2 ? "6 or 7" : "4", n);
+                     v3 ? "7 or 8" : v2 ? "6 or 7" : "4", n);
     if (a[0]->kind != PK_STORAGE)
         return pfail(m, CT_EFORMAT, "reduce", "%s's storage argument is %s, not a storage", fn,
                      ct_pk_kind_name(a[0]));
@@ -600,8 +659,16 @@ static ct_status rebuild_tensor(pk_machine *m, pk_obj **a, size_t n, bool v2, pk
         if (a[5]->kind == PK_DICT && a[5]->u.seq.n)
             return pfail(m, CT_EFORMAT, "reduce",
                          "%s: a tensor with backward hooks (torch never saves hooks)", fn);
-        if (n == 7 && a[6]->kind != PK_NONE && a[6]->kind != PK_DICT)
+        size_t meta = v3 ? 7 : 6;
+        if (n == meta + 1 && a[meta]->kind != PK_NONE && a[meta]->kind != PK_DICT)
             return pfail(m, CT_EFORMAT, "reduce", "%s's metadata must be None or a dict", fn);
+        if (v3) {
+            if (a[6]->kind != PK_GLOBAL || a[6]->u.global.id != PKG_DTYPE)
+                return pfail(m, CT_EFORMAT, "reduce", "%s's dtype is %s, not a torch dtype", fn,
+                             ct_pk_kind_name(a[6]));
+            t->has_dtype = true;
+            t->dtype = a[6]->u.global.arg;
+        }
         t->requires_grad = a[4]->u.b;
     }
     t->storage = a[0]->u.storage;
@@ -661,10 +728,12 @@ static ct_status reduce(pk_machine *m, pk_obj *func, pk_obj *args, pk_obj **out)
         CT_TRY(ct_pk_make(m, PK_DICT, out));
         (*out)->flags = PK_F_ORDERED;
         return CT_OK;
+    case PKG_REBUILD_TENSOR_V3:
+        return rebuild_tensor(m, a, n, 3, out);
     case PKG_REBUILD_TENSOR_V2:
-        return rebuild_tensor(m, a, n, true, out);
+        return rebuild_tensor(m, a, n, 2, out);
     case PKG_REBUILD_TENSOR:
-        return rebuild_tensor(m, a, n, false, out);
+        return rebuild_tensor(m, a, n, 1, out);
     case PKG_REBUILD_PARAMETER:
         return make_parameter(m, "torch._utils._rebuild_parameter", a, n, 3, 3, out);
     case PKG_PARAMETER:

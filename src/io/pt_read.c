@@ -416,6 +416,55 @@ static bool row_major(int nd, const int64_t *shape, const int64_t *strides)
     return true;
 }
 
+/* A _rebuild_tensor_v3 tensor: its dtype gives the elements of its storage. torch 2.x saves
+ * the dtypes without a typed storage class (float8_*, uint16/32/64, complex32, bits*) in an
+ * UntypedStorage of bytes: the storage (its root, and the legacy view the tensor uses) is given
+ * the dtype's element type here, once; its byte count must hold whole elements. A storage
+ * already typed must have the dtype's type. */
+static ct_status type_storage(pt_ctx *c, const char *qn, const pk_tensor *t)
+{
+    size_t want = 0;
+    const char *name = "?";
+    if (!ct_pk_dtype_storage_type(t->dtype, &want, &name))
+        return ptfail(CT_EUNSUPPORTED, c->label, "unsupported",
+                      "tensor '%s' has dtype torch.%s, which ctorch does not model", qn, name);
+    st_rec *v = &c->st[t->storage], *r = &c->st[v->root];
+    const pk_storage_type *wt = &ct_pk_storage_types[want];
+    if (!ct_pk_storage_types[r->type].untyped) {
+        if (r->type != want)
+            return ptfail(CT_EFORMAT, c->label, "storage",
+                          "tensor '%s' (torch.%s) views storage '%s' of %s", qn, name, r->key,
+                          ct_pk_storage_types[r->type].name);
+        return CT_OK;
+    }
+    uint64_t es = (uint64_t)wt->elem_size;
+    if (r->numel % es || v->numel % es || v->view_off % es)
+        return ptfail(CT_EFORMAT, c->label, "storage",
+                      "tensor '%s' (torch.%s, %llu bytes an element) views a storage of %llu "
+                      "bytes: not whole elements",
+                      qn, name, (unsigned long long)es, (unsigned long long)v->numel);
+    for (st_rec *x = r;; x = v) { /* the root, then the view (when it is another record) */
+        x->type = want;
+        x->numel /= es;
+        x->view_off /= es;
+        if (x == v || v == r) break;
+    }
+    /* other legacy views of the same root */
+    for (size_t i = 0; i < c->nst; i++) {
+        st_rec *x = &c->st[i];
+        if (x != r && x != v && x->root == v->root) {
+            if (x->numel % es || x->view_off % es)
+                return ptfail(CT_EFORMAT, c->label, "storage",
+                              "a view of storage '%s' does not hold whole torch.%s elements",
+                              r->key, name);
+            x->type = want;
+            x->numel /= es;
+            x->view_off /= es;
+        }
+    }
+    return CT_OK;
+}
+
 static ct_status add_tensor(pt_ctx *c, const char *path, const pk_tensor *t)
 {
     char q[96];
@@ -423,6 +472,7 @@ static ct_status add_tensor(pt_ctx *c, const char *path, const pk_tensor *t)
     if (c->nent + c->nmeta >= PT_MAX_ENTRIES)
         return ptfail(CT_EFORMAT, c->label, "limit", "more than %u tensors and values",
                       PT_MAX_ENTRIES);
+    if (t->has_dtype) CT_TRY(type_storage(c, qn, t));
     const st_rec *v = &c->st[t->storage];
     const pk_storage_type *ty = &ct_pk_storage_types[v->type];
     if (ty->quantized)
@@ -466,10 +516,10 @@ static ct_status add_tensor(pt_ctx *c, const char *path, const pk_tensor *t)
     /* In elements of the root storage (complex128: of its F64 halves). */
     uint64_t off = t->offset + v->view_off, end_el = last + v->view_off + 1;
     uint64_t esz = (uint64_t)ty->elem_size;
-    if (ty->complex_pairs) { /* complex128 as F64 pairs: a trailing dim of 2 */
+    if (ty->complex_pairs) { /* complex128 / complex32 as F64 / F16 pairs: a trailing dim of 2 */
         dims[nd - 1] = 2;
         dims[2 * nd - 1] = 1;
-        esz = 8;
+        esz = (uint64_t)ty->elem_size / 2;
         off *= 2;
         end_el *= 2;
         numel *= 2;
