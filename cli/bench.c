@@ -16,7 +16,7 @@ static const struct {
     {"lce", bench_lce, "fused linear cross-entropy vs unfused (ctorch and PyTorch), fwd+bwd"},
     {"flex", bench_flex, "FlexAttention sliding window / causal vs dense SDPA, block-mask cost"},
     {"compile", bench_compile, "compiled score/mask mods vs built-ins and torch, cold/warm compile, pool"},
-    {"tokenizer", bench_tokenizer, "tokenizer encode MB/s (GPT-2, ctorch BPE) vs node's gpt-3-encoder"},
+    {"tokenizer", bench_tokenizer, "tokenizer encode MB/s (GPT-2, ctorch BPE) vs Hugging Face tokenizers"},
     {"train", bench_train, "one training step: fused vs unfused head, flex window vs dense, vs PyTorch"},
     {"fsdp", bench_fsdp, "training at N=1 and N=2 ranks: FSDP overlap on/off, DP, vs PyTorch DDP"},
     {"hf", bench_hf, "open a multi-GiB sharded Hugging Face directory vs ct_load of its shards"},

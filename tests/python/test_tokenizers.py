@@ -371,3 +371,21 @@ def test_cli_encode_decode_matches_hf(style, tmp_path):
     assert r.stdout[:-1].decode("utf-8", errors="replace") == oracle.decode(ids, skip_special_tokens=False)
     r = ctorch("tokenizer", "encode", "--tokenizer", src, "--text", "Hello world<|endoftext|>")
     assert [int(x) for x in r.stdout.split()] == oracle.encode("Hello world<|endoftext|>", add_special_tokens=False).ids
+
+
+def test_bench_tokenizer_baseline_is_hf_tokenizers():
+    """`ctorch bench tokenizer` runs bench/tokenizers_baseline.py (Hugging Face tokenizers, its
+    version named) on the same GPT-2 files and text, and counts the same tokens as ctorch;
+    without the test stack's python it says "not installed". (No timing is asserted.)"""
+    src = os.path.dirname(dep("gpt2", "vocab.bpe"))
+    args = ["bench", "tokenizer", "--tokenizer", src, "--mb", 1, "--baseline-kb", 64, "--repeats", 3, "--json"]
+    j = json.loads(ctorch(*args).stdout)
+    base = j["baseline_hf_tokenizers"]
+    assert base["status"] == "ok" and base["tokenizers_version"] == hf.__version__, base
+    assert base["layout"] == "encoder.json + vocab.bpe" and 60_000 < base["bytes"] <= 65536
+    assert base["tokens"] == base["ctorch_tokens"] > 0
+    assert [c["name"] for c in j["cases"]] == ["ctorch-bpe (own, 4096)", "gpt2 (ctorch)"]
+    env = dict(os.environ, CTORCH_PYTHON=os.path.join(str(DEPS), "no-such-python"))
+    r = subprocess.run([cli_path(), *map(str, args)], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["baseline_hf_tokenizers"]["status"] == "not installed"
