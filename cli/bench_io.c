@@ -265,7 +265,8 @@ int bench_io(bench_ctx *b, int argc, char **argv)
                 "          and vs memcpy; the fsync of the saved file is timed apart\n"
                 "and the same four with Python (bench/io_baseline.py: struct + json, "
                 "numpy.memmap,\n"
-                "torch for bf16) on the same file.");
+                "PyTorch 2.13 for bf16) and the safetensors package's load_file / save_file on\n"
+                "the same file (the .venv's python, or $CTORCH_PYTHON).");
             return 0;
         }
         if (cli_opt(argc, argv, &i, "--size-mib", &v)) {
@@ -360,7 +361,9 @@ int bench_io(bench_ctx *b, int argc, char **argv)
     char out_py[4200], reps[16];
     snprintf(out_py, sizeof out_py, "%s.py-out", c.path);
     snprintf(reps, sizeof reps, "%d", R);
-    char *pa[] = {"--file", c.path, "--out", out_py, "--repeats", reps, NULL};
+    char thr[16];
+    snprintf(thr, sizeof thr, "%d", ct_num_threads());
+    char *pa[] = {"--file", c.path, "--out", out_py, "--repeats", reps, "--threads", thr, NULL};
     json_t *py = bench_python("io_baseline.py", pa);
 
     size_t f32_bytes = c.total * 2;
@@ -438,15 +441,24 @@ int bench_io(bench_ctx *b, int argc, char **argv)
         printf("  %-36s %8.2f ms %7.2f  (ext4 starts writeback at the rename)\n",
                "save: replacing the file, no fsync", t_save.median * 1e3, g_save);
         printf("  %-36s %8.2f ms\n", "fsync of a saved file + folder", t_fsync * 1e3);
-        static const char *const pyk[4][2] = {{"open", "python: struct+json+np.memmap open"},
+        static const char *const pyk[6][2] = {{"open", "python: struct+json+np.memmap open"},
                                               {"read_checksum", "python: np.memmap + sum"},
                                               {"convert_bf16_f32", "python: torch bf16 -> f32"},
-                                              {"save_no_fsync", "python: write() + os.replace"}};
+                                              {"save_no_fsync", "python: write() + os.replace"},
+                                              {"safetensors_load_file", "safetensors.torch.load_file"},
+                                              {"safetensors_save_file", "safetensors.torch.save_file"}};
         if (!json_object_get(py, "open"))
             printf("  %-36s %s\n", "python baseline",
                    json_string_value(json_object_get(py, "status")));
-        for (int k = 0; k < 4 && json_object_get(py, "open"); k++) {
+        else
+            printf("  python baseline: PyTorch %s, numpy %s, safetensors %s, %lld threads\n",
+                   json_string_value(json_object_get(py, "torch_version")),
+                   json_string_value(json_object_get(py, "numpy_version")),
+                   json_string_value(json_object_get(py, "safetensors_version")),
+                   (long long)json_integer_value(json_object_get(py, "threads")));
+        for (int k = 0; k < 6 && json_object_get(py, "open"); k++) {
             json_t *o = json_object_get(py, pyk[k][0]);
+            if (!o) continue;
             double t = json_number_value(json_object_get(o, "median_s"));
             if (k == 0)
                 printf("  %-36s %8.3f ms\n", pyk[k][1], t * 1e3);

@@ -1,6 +1,8 @@
 /* ctorch bench lce: fused linear cross-entropy vs the unfused path (ct_linear +
- * ct_cross_entropy) and PyTorch's F.linear + F.cross_entropy, forward + backward, each case
- * in its own process so its peak RSS is its own. */
+ * ct_cross_entropy) and PyTorch 2.13 (bench/torch_baseline.py): F.linear_cross_entropy with
+ * nn.LinearCrossEntropyOptions() (chunked) and without (reference), F.linear + F.cross_entropy
+ * eager and torch.compile'd; forward + backward, each case in its own process so its peak RSS is
+ * its own. */
 #include "bench_util.h"
 
 #include <stdio.h>
@@ -112,6 +114,40 @@ static int run_case(bench_ctx *b, lce_case *c)
     return 0;
 }
 
+#define LCE_TORCH_MODES 4
+static const char *const lce_torch_modes[LCE_TORCH_MODES] = {"chunked", "reference", "unfused",
+                                                             "unfused-compiled"};
+static const char *const lce_torch_labels[LCE_TORCH_MODES] = {
+    "PyTorch chunked", "PyTorch reference", "PyTorch unfused", "PyTorch compiled"};
+
+/* Whether the comma-separated list names `name`. */
+static bool in_list(const char *list, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = list; (p = strstr(p, name)) != NULL; p += n)
+        if ((p == list || p[-1] == ',') && (p[n] == ',' || p[n] == '\0')) return true;
+    return false;
+}
+
+/* Every name of the comma-separated list is a PyTorch mode; else a message naming it. */
+static bool check_modes(const char *list)
+{
+    const char *p = list;
+    do {
+        size_t n = strcspn(p, ",");
+        bool known = false;
+        for (int k = 0; k < LCE_TORCH_MODES && !known; k++)
+            known = strlen(lce_torch_modes[k]) == n && !strncmp(p, lce_torch_modes[k], n);
+        if (!known) {
+            fprintf(stderr, "ctorch bench lce: --torch-modes: unknown mode '%.*s' (modes: chunked, reference, "
+                    "unfused, unfused-compiled)\n", (int)(n > 64 ? 64 : n), p);
+            return false;
+        }
+        p += n;
+    } while (*p++ == ',');
+    return true;
+}
+
 static double jnum(json_t *o, const char *a, const char *b)
 {
     json_t *x = json_object_get(o, a);
@@ -122,16 +158,21 @@ static double jnum(json_t *o, const char *a, const char *b)
 int bench_lce(bench_ctx *b, int argc, char **argv)
 {
     lce_case c = {2048, 1024, 128256, false, 0.0, 0, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0};
-    const char *which = NULL, *dt = "f32";
+    const char *which = NULL, *dt = "f32", *tmodes = "chunked,reference,unfused,unfused-compiled";
     long long scratch_mib = 0;
+    bool no_compile = false;
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (!strcmp(argv[i], "--help")) {
             puts("usage: ctorch bench lce [--n N] [--d D] [--v V] [--dtype f32|bf16] [--label-smoothing E]\n"
-                 "                        [--scratch-mib M] [--repeats R] [--json]\n"
+                 "                        [--scratch-mib M] [--torch-modes LIST] [--no-torch-compile]\n"
+                 "                        [--repeats R] [--json]\n"
                  "Forward + backward of loss = cross_entropy(h W^T, y), h [N,D], W [V,D]:\n"
                  "fused (ctorch, logits never held) vs unfused (ctorch linear + cross_entropy) vs PyTorch\n"
-                 "(bench/torch_baseline.py), each in its own process. Default N=2048 D=1024 V=128256.");
+                 "2.13 (bench/torch_baseline.py), each in its own process. PyTorch modes (LIST, all by\n"
+                 "default): chunked (F.linear_cross_entropy, nn.LinearCrossEntropyOptions()), reference\n"
+                 "(options=None), unfused (F.linear + F.cross_entropy), unfused-compiled (the same under\n"
+                 "torch.compile; --no-torch-compile drops it). Default N=2048 D=1024 V=128256.");
             return 0;
         }
         if (cli_opt(argc, argv, &i, "--n", &v)) { if (!cli_int("--n", v, 1, 1 << 24, &c.n)) return 2; }
@@ -141,6 +182,8 @@ int bench_lce(bench_ctx *b, int argc, char **argv)
         else if (cli_opt(argc, argv, &i, "--label-smoothing", &v)) { if (!cli_float("--label-smoothing", v, &c.smoothing)) return 2; }
         else if (cli_opt(argc, argv, &i, "--dtype", &v)) dt = v;
         else if (cli_opt(argc, argv, &i, "--case", &v)) which = v;
+        else if (cli_opt(argc, argv, &i, "--torch-modes", &v)) { if (!check_modes(v)) return 2; tmodes = v; }
+        else if (!strcmp(argv[i], "--no-torch-compile")) no_compile = true;
         else {
             fprintf(stderr, "ctorch bench lce: unknown option '%s'\n", argv[i]);
             return 2;
@@ -169,10 +212,22 @@ int bench_lce(bench_ctx *b, int argc, char **argv)
     json_t *fused = bench_child(b, fa);
     fa[2] = "unfused";
     json_t *unfused = bench_child(b, fa);
-    char *pa[] = {"lce", "--n", sn, "--d", sd, "--v", sv, "--dtype", (char *)dt, "--repeats", sr,
-                  "--label-smoothing", sl, NULL};
-    json_t *torch = bench_python("torch_baseline.py", pa);
-    if (!fused || !unfused) return 1;
+    char st[32];
+    snprintf(st, sizeof st, "%d", ct_num_threads());
+    json_t *torch = json_object();
+    json_t *tm[LCE_TORCH_MODES] = {0};
+    for (int k = 0; k < LCE_TORCH_MODES; k++) {
+        if (!in_list(tmodes, lce_torch_modes[k]) || (no_compile && strstr(lce_torch_modes[k], "compiled")))
+            continue;
+        char *pa[] = {"lce", "--mode", (char *)lce_torch_modes[k], "--n", sn, "--d", sd, "--v", sv, "--dtype",
+                      (char *)dt, "--repeats", sr, "--label-smoothing", sl, "--threads", st, NULL};
+        tm[k] = bench_python("torch_baseline.py", pa);
+        json_object_set_new(torch, lce_torch_modes[k], tm[k]);
+    }
+    if (!fused || !unfused) {
+        json_decref(torch);
+        return 1;
+    }
     double flops = 6.0 * c.n * c.d * c.v;
     double tf = jnum(fused, "time", "median_s"), tu = jnum(unfused, "time", "median_s");
     double xf = jnum(fused, "peak_tracked_bytes", NULL) - jnum(fused, "base_bytes", NULL);
@@ -188,6 +243,18 @@ int bench_lce(bench_ctx *b, int argc, char **argv)
                           "peak_tracked_unfused_over_fused", jnum(unfused, "peak_tracked_bytes", NULL) /
                                                                  jnum(fused, "peak_tracked_bytes", NULL),
                           "extra_bytes_unfused_over_fused", xu / (xf > 0 ? xf : 1));
+    /* ctorch's fused loss against each PyTorch mode: time, tracked peak, peak RSS */
+    json_t *vs = json_object();
+    for (int k = 0; k < LCE_TORCH_MODES; k++) {
+        double tt = jnum(tm[k], "median_s", NULL);
+        if (!tm[k] || !(tt > 0)) continue;
+        json_object_set_new(
+            vs, lce_torch_modes[k],
+            json_pack("{s:f, s:f, s:f}", "speedup_fused", tt / tf, "peak_tracked_over_fused",
+                      jnum(tm[k], "peak_tracked_bytes", NULL) / jnum(fused, "peak_tracked_bytes", NULL),
+                      "peak_rss_over_fused", jnum(tm[k], "peak_rss_bytes", NULL) / jnum(fused, "peak_rss_bytes", NULL)));
+    }
+    json_object_set_new(j, "vs_torch", vs);
     if (b->json) {
         bench_print_json(j);
     } else {
@@ -203,12 +270,35 @@ int bench_lce(bench_ctx *b, int argc, char **argv)
                    100 * flops / t * 1e-9 / sg, jnum(cases[k], "peak_tracked_bytes", NULL) / 1048576.0,
                    (k ? xu : xf) / 1048576.0, jnum(cases[k], "peak_rss_bytes", NULL) / 1048576.0);
         }
-        if (json_object_get(torch, "median_s"))
-            printf("  %-18s %9.3f %8.1f %8.0f%% %14s %14s %8.1f MiB\n", "PyTorch unfused", jnum(torch, "median_s", NULL),
-                   jnum(torch, "gflops", NULL), 100 * jnum(torch, "gflops", NULL) / sg, "-", "-",
-                   jnum(torch, "peak_rss_bytes", NULL) / 1048576.0);
-        else
-            printf("  %-18s %s\n", "PyTorch unfused", json_string_value(json_object_get(torch, "status")));
+        const char *tv = NULL;
+        long long tthreads = 0;
+        for (int k = 0; k < LCE_TORCH_MODES; k++) {
+            if (!tm[k]) continue;
+            if (json_object_get(tm[k], "median_s")) {
+                tv = json_string_value(json_object_get(tm[k], "torch_version"));
+                tthreads = (long long)json_integer_value(json_object_get(tm[k], "threads"));
+                printf("  %-18s %9.3f %8.1f %8.0f%% %11.1f MiB %11.1f MiB %8.1f MiB\n", lce_torch_labels[k],
+                       jnum(tm[k], "median_s", NULL), jnum(tm[k], "gflops", NULL),
+                       100 * jnum(tm[k], "gflops", NULL) / sg, jnum(tm[k], "peak_tracked_bytes", NULL) / 1048576.0,
+                       jnum(tm[k], "peak_tracked_extra_bytes", NULL) / 1048576.0,
+                       jnum(tm[k], "peak_rss_bytes", NULL) / 1048576.0);
+            } else {
+                printf("  %-18s %s\n", lce_torch_labels[k], json_string_value(json_object_get(tm[k], "status")));
+            }
+        }
+        json_t *res = json_object_get(tm[0], "resolved");
+        if (json_is_object(res))
+            printf("  PyTorch %s chunked: LinearCrossEntropyOptions() resolved to acc_policy %s, %s, %lld rows "
+                   "a chunk (%lld chunks)\n",
+                   tv ? tv : "", json_string_value(json_object_get(res, "acc_policy")),
+                   json_string_value(json_object_get(res, "chunking_method")),
+                   (long long)json_integer_value(json_object_get(res, "batch_chunk_size")),
+                   (long long)json_integer_value(json_object_get(res, "chunks")));
+        else if (json_is_string(res))
+            printf("  PyTorch chunked: %s\n", json_string_value(res));
+        if (tv)
+            printf("  (PyTorch %s, %lld threads; its tracked peak: inputs + the CPU allocator's peak over one "
+                   "step, torch.profiler)\n", tv, tthreads);
         printf("  fused vs unfused: %.2fx faster, %.1fx less peak tracked memory, %.0fx less memory above inputs\n",
                tu / tf, jnum(unfused, "peak_tracked_bytes", NULL) / jnum(fused, "peak_tracked_bytes", NULL),
                xu / (xf > 0 ? xf : 1));
