@@ -198,7 +198,8 @@ static void pk_ordered_dict(buf *b)
 
 typedef struct pt_item {
     const char *name;
-    const char *storage_type; /* "FloatStorage" */
+    const char *storage_type; /* "FloatStorage"; NULL: an UntypedStorage of the dtype below */
+    const char *dtype;        /* "float8_e4m3fn": written with _rebuild_tensor_v3 */
     int ndim;
     int64_t shape[CT_MAX_DIMS > 64 ? CT_MAX_DIMS : 64];
     uint64_t numel, nbytes;
@@ -209,14 +210,31 @@ typedef struct pt_item {
     bool zip64;
 } pt_item;
 
+/* Typed storages (_rebuild_tensor_v2, as torch writes them), and the dtypes torch 2.x writes
+ * as an UntypedStorage of bytes with _rebuild_tensor_v3. */
 static const struct {
     ct_st_dtype st;
-    const char *storage;
+    const char *storage, *dtype;
 } pt_types[] = {
-    {CT_ST_F32, "FloatStorage"},     {CT_ST_F64, "DoubleStorage"},       {CT_ST_F16, "HalfStorage"},
-    {CT_ST_BF16, "BFloat16Storage"}, {CT_ST_I8, "CharStorage"},          {CT_ST_U8, "ByteStorage"},
-    {CT_ST_I16, "ShortStorage"},     {CT_ST_I32, "IntStorage"},          {CT_ST_I64, "LongStorage"},
-    {CT_ST_BOOL, "BoolStorage"},     {CT_ST_C64, "ComplexFloatStorage"},
+    {CT_ST_F32, "FloatStorage", NULL},
+    {CT_ST_F64, "DoubleStorage", NULL},
+    {CT_ST_F16, "HalfStorage", NULL},
+    {CT_ST_BF16, "BFloat16Storage", NULL},
+    {CT_ST_I8, "CharStorage", NULL},
+    {CT_ST_U8, "ByteStorage", NULL},
+    {CT_ST_I16, "ShortStorage", NULL},
+    {CT_ST_I32, "IntStorage", NULL},
+    {CT_ST_I64, "LongStorage", NULL},
+    {CT_ST_BOOL, "BoolStorage", NULL},
+    {CT_ST_C64, "ComplexFloatStorage", NULL},
+    {CT_ST_U16, NULL, "uint16"},
+    {CT_ST_U32, NULL, "uint32"},
+    {CT_ST_U64, NULL, "uint64"},
+    {CT_ST_F8_E4M3, NULL, "float8_e4m3fn"},
+    {CT_ST_F8_E5M2, NULL, "float8_e5m2"},
+    {CT_ST_F8_E4M3FNUZ, NULL, "float8_e4m3fnuz"},
+    {CT_ST_F8_E5M2FNUZ, NULL, "float8_e5m2fnuz"},
+    {CT_ST_F8_E8M0, NULL, "float8_e8m0fnu"},
 };
 
 typedef struct pt_job {
@@ -444,10 +462,13 @@ static ct_status plan(const ct_save_entry *e, size_t i, pt_item *it)
         }
         it->data = e->data;
     }
-    it->storage_type = NULL;
+    it->storage_type = it->dtype = NULL;
     for (size_t k = 0; k < sizeof pt_types / sizeof pt_types[0]; k++)
-        if (pt_types[k].st == st) it->storage_type = pt_types[k].storage;
-    if (!it->storage_type)
+        if (pt_types[k].st == st) {
+            it->storage_type = pt_types[k].storage;
+            it->dtype = pt_types[k].dtype;
+        }
+    if (!it->storage_type && !it->dtype)
         return ct_error(CT_EUNSUPPORTED,
                         "ct_save_pt: tensor '%s' is %s, which PyTorch has no storage for (convert "
                         "it first)",
@@ -507,16 +528,20 @@ ct_status ct_io_save_pt_impl(const char *path, const ct_save_entry *entries, siz
         const pt_item *it = &j.items[i];
         if (i % 1000 == 0) put8(b, 0x28);
         pk_str(b, it->name);
-        pk_global(b, "torch._utils", "_rebuild_tensor_v2");
+        bool v3 = !it->storage_type; /* an UntypedStorage of bytes and the dtype */
+        pk_global(b, "torch._utils", v3 ? "_rebuild_tensor_v3" : "_rebuild_tensor_v2");
         put8(b, 0x28);
         put8(b, 0x28); /* the persistent id */
         pk_str(b, "storage");
-        pk_global(b, "torch", it->storage_type);
+        if (v3)
+            pk_global(b, "torch.storage", "UntypedStorage");
+        else
+            pk_global(b, "torch", it->storage_type);
         char key[24];
         snprintf(key, sizeof key, "%zu", i);
         pk_str(b, key);
         pk_str(b, "cpu");
-        pk_int(b, (int64_t)it->numel);
+        pk_int(b, (int64_t)(v3 ? it->nbytes : it->numel));
         put8(b, 0x74);
         put8(b, 0x51); /* BINPERSID */
         pk_int(b, 0);
@@ -530,6 +555,7 @@ ct_status ct_io_save_pt_impl(const char *path, const ct_save_entry *entries, siz
         pk_tuple(b, it->ndim, strides);
         put8(b, 0x89); /* requires_grad False */
         pk_ordered_dict(b);
+        if (v3) pk_global(b, "torch", it->dtype);
         put8(b, 0x74);
         put8(b, 0x52);
         if (i % 1000 == 999 || i + 1 == count) put8(b, 0x75); /* SETITEMS */
