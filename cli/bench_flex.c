@@ -1,8 +1,10 @@
 /* ctorch bench flex: FlexAttention with a sliding-window block mask vs dense SDPA producing
  * the same output (every score computed, then a boolean [L, S] mask applied), flex causal vs
  * ct_sdpa(is_causal), unmasked dense SDPA against the machine's sgemm rate, and block-mask
- * creation time and bytes at a long length. Each case runs in its own process (its peak RSS
- * is its own); times are medians of repeats after a warm-up. */
+ * creation time and bytes at a long length; beside PyTorch 2.13's torch.compile(flex_attention)
+ * forward on the same shapes and masks (bench/torch_baseline.py flex; its CPU backward is tried
+ * and reported). Each case runs in its own process (its peak RSS is its own); times are medians
+ * of repeats after a warm-up. */
 #include "bench_util.h"
 
 #include <math.h>
@@ -274,13 +276,15 @@ int bench_flex(bench_ctx *b, int argc, char **argv)
     c.B = 1, c.H = 8, c.L = 4096, c.E = 64, c.W = 64, c.bs = 128;
     long long mask_seq = 131072, dense_repeats = b->repeats;
     const char *which = NULL, *dt = "f32";
+    bool torch = true, torch_eager = false;
     const char *cases = "flex-sliding,sdpa-sliding,flex-causal,sdpa-causal,sdpa-dense,mask-create";
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (!strcmp(argv[i], "--help")) {
             puts("usage: ctorch bench flex [--seq L] [--window W] [--heads H] [--head-dim E]\n"
                  "       [--batch B] [--block-size N] [--dtype f32|bf16] [--backward]\n"
-                 "       [--cases LIST] [--dense-repeats R] [--mask-seq N] [--repeats R] [--json]\n"
+                 "       [--cases LIST] [--dense-repeats R] [--mask-seq N] [--no-torch]\n"
+                 "       [--torch-eager] [--repeats R] [--json]\n"
                  "Cases (all by default; LIST is comma-separated):\n"
                  "  flex-sliding  flex attention, causal sliding window W (block mask)\n"
                  "  sdpa-sliding  dense SDPA + boolean [L, L] mask: every score, then masked\n"
@@ -289,6 +293,9 @@ int bench_flex(bench_ctx *b, int argc, char **argv)
                  "  sdpa-dense    unmasked SDPA, against the sgemm rate\n"
                  "  mask-create   block-mask creation at --mask-seq tokens (default 131072)\n"
                  "Defaults: B=1 H=8 L=4096 E=64 W=64 f32, forward (--backward adds the backward).\n"
+                 "Beside flex-sliding and flex-causal: PyTorch 2.13's torch.compile(flex_attention)\n"
+                 "forward, same shapes, mask and block size (bench/torch_baseline.py; its CPU backward\n"
+                 "is tried and reported); --torch-eager runs flex_attention uncompiled, --no-torch none.\n"
                  "The seed's cases: --seq 8192 --window 64, and --seq 32768 --window 256 (its "
                  "dense\n"
                  "baselines take about a minute a run: --dense-repeats 1 times one after the "
@@ -319,6 +326,10 @@ int bench_flex(bench_ctx *b, int argc, char **argv)
             which = v;
         else if (!strcmp(argv[i], "--backward"))
             c.backward = true;
+        else if (!strcmp(argv[i], "--no-torch"))
+            torch = false;
+        else if (!strcmp(argv[i], "--torch-eager"))
+            torch_eager = true;
         else if (cli_opt(argc, argv, &i, "--cases", &v))
             cases = v;
         else {
@@ -380,6 +391,19 @@ int bench_flex(bench_ctx *b, int argc, char **argv)
         res[k] = bench_child(b, args);
         if (!res[k]) return 1;
     }
+    /* PyTorch 2.13: torch.compile(flex_attention) forward on the flex cases, one process each */
+    json_t *tj[2] = {0};
+    if (torch)
+        for (int k = 0; k < 2; k++) {
+            if (!has_case(cases, names[2 * k])) continue;
+            char st[32];
+            snprintf(st, sizeof st, "%d", ct_num_threads());
+            char *pa[32] = {"flex",      "--case",     (char *)names[2 * k], "--seq", sL, "--window", sW,
+                            "--heads",   sH,           "--head-dim",         sE,      "--batch", sB,
+                            "--block-size", sbs,       "--dtype",            (char *)dt, "--repeats", sr,
+                            "--threads", st,           torch_eager ? "--eager" : NULL, NULL};
+            tj[k] = bench_python("torch_baseline.py", pa);
+        }
     json_t *j = json_pack("{s:s, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:b}, s:o}", "bench", "flex",
                           "shape", "batch", (json_int_t)c.B, "heads", (json_int_t)c.H, "seq",
                           (json_int_t)c.L, "head_dim", (json_int_t)c.E, "window", (json_int_t)c.W,
@@ -400,6 +424,22 @@ int bench_flex(bench_ctx *b, int argc, char **argv)
         cr = jnum(res[3], "fwd", "median_s") / jnum(res[2], "fwd", "median_s");
         json_object_set_new(j, "speedup_causal_flex_vs_sdpa_fwd", json_real(cr));
     }
+    json_t *torchj = json_object();
+    for (int k = 0; k < 2; k++) {
+        if (!tj[k]) continue;
+        double tt = jnum(tj[k], "fwd", "median_s"), ct = jnum(res[2 * k], "fwd", "median_s");
+        if (tt > 0 && ct > 0) {
+            json_object_set_new(tj[k], "ctorch_speedup_fwd", json_real(tt / ct));
+            json_object_set_new(tj[k], "peak_tracked_over_ctorch",
+                                json_real(jnum(tj[k], "peak_tracked_bytes", NULL) /
+                                          jnum(res[2 * k], "peak_tracked_bytes", NULL)));
+            json_object_set_new(tj[k], "peak_rss_over_ctorch",
+                                json_real(jnum(tj[k], "peak_rss_bytes", NULL) /
+                                          jnum(res[2 * k], "peak_rss_bytes", NULL)));
+        }
+        json_object_set_new(torchj, names[2 * k], tj[k]);
+    }
+    json_object_set_new(j, "torch", torchj);
     if (b->json) {
         bench_print_json(j);
     } else {
@@ -427,6 +467,24 @@ int bench_flex(bench_ctx *b, int argc, char **argv)
             printf("  causal: sdpa(is_causal) time / flex time = %.2f (forward), outputs differ by "
                    "%.2g\n",
                    cr, jnum(res[3], "max_abs_diff_vs_flex", NULL));
+        for (int k = 0; k < 2; k++) {
+            if (!tj[k]) continue;
+            const char *lab = k ? "causal" : "sliding window";
+            if (!json_object_get(tj[k], "fwd")) {
+                printf("  PyTorch flex_attention %s: %s\n", lab,
+                       json_string_value(json_object_get(tj[k], "status")));
+                continue;
+            }
+            printf("  PyTorch %s %s flex_attention, %s: fwd %.4f s (ctorch %.2fx), first call %.1f s, peak "
+                   "extra %.1f MiB, peak RSS %.1f MiB (ctorch %.1f MiB); backward: %s\n",
+                   json_string_value(json_object_get(tj[k], "torch_version")),
+                   json_string_value(json_object_get(tj[k], "mode")), lab, jnum(tj[k], "fwd", "median_s"),
+                   jnum(tj[k], "ctorch_speedup_fwd", NULL), jnum(tj[k], "first_call_s", NULL),
+                   jnum(tj[k], "peak_tracked_extra_bytes", NULL) / 1048576.0,
+                   jnum(tj[k], "peak_rss_bytes", NULL) / 1048576.0,
+                   jnum(res[2 * k], "peak_rss_bytes", NULL) / 1048576.0,
+                   json_string_value(json_object_get(json_object_get(tj[k], "backward"), "status")));
+        }
         if (res[0])
             printf("  block mask creation at L=%lld: %.3f ms, %.1f KiB\n", c.L,
                    1e3 * jnum(res[0], "mask_create_s", NULL),
