@@ -1,21 +1,43 @@
-"""Tiny random Hugging Face Llama-family models in PyTorch 1.13, with the reference forward
-written from the Hugging Face modeling definitions (LlamaForCausalLM / Qwen2ForCausalLM):
-RMSNorm in f32 (x * rsqrt(mean(x^2) + eps) * weight), rotate_half RoPE with the default,
-linear and llama3 inverse frequencies (modeling_rope_utils), repeat_kv for grouped-query
-attention, softmax(q k^T / sqrt(head_dim) + causal mask) v, SwiGLU MLP, lm_head (tied or not).
+"""The Hugging Face oracles of the model tests: tiny random Llama / Qwen2 / Mistral models built
+by transformers 5.25 (LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM) from small
+configurations, saved with save_pretrained (one file or shards, f32 / bf16 / f16), and their
+logits, losses, gradients and greedy generation computed by transformers itself; LoRA adapters
+made, saved, loaded and merged by peft 0.21. Nothing here re-implements a model.
 
-    cfg = llama_config(...)            # a config.json dict
-    w = random_weights(cfg, seed)      # {HF tensor name: f32 tensor}
-    logits = forward(cfg, w, ids)      # [B, T, V]
-    save_hf(dir, cfg, w, dtype=torch.float32, shards=1)   # config.json + model.safetensors
+    cfg = llama_config(...)                 # a config dict (the keys of config.json)
+    w = random_weights(cfg, seed)           # {HF tensor name: f32 tensor}
+    m = hf_model(cfg, w)                    # the transformers model holding w (f32, eager)
+    logits(m, ids); loss(m, tokens)         # [B, T, V]; HF's own causal-LM loss
+    greedy(m, ids, n)                       # m.generate(do_sample=False), no EOS stop
+    save_hf(dir, cfg, w, dtype, shards)     # save_pretrained (max_shard_size for shards)
+    load(dir)                               # AutoModelForCausalLM.from_pretrained, in f32
+
+The name mapping ctorch's reader does in C (ctorch_config, to_ctorch, grads_to_hf) is kept to
+build models.Model instances from the same weights.
 """
+import copy
 import json
-import math
 import os
-import struct
 
-import torch
-import torch.nn.functional as F
+# no network, ever: configurations are built here and models come from local directories
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import peft  # noqa: E402
+import safetensors.torch  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig,  # noqa: E402
+                          Qwen2Config)
+
+transformers.logging.set_verbosity_error()
+transformers.utils.logging.disable_progress_bar()
+assert transformers.__version__ == "5.25.0", transformers.__version__
+assert peft.__version__ == "0.21.2", peft.__version__
+
+ATTN = "eager"  # the reference attention: softmax(q k^T / sqrt(E) + mask) v in f32
 
 
 def llama_config(**kw):
@@ -23,8 +45,8 @@ def llama_config(**kw):
          "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
          "num_key_value_heads": 2, "head_dim": 8, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
          "rope_scaling": None, "max_position_embeddings": 64, "tie_word_embeddings": False,
-         "vocab_size": 96, "torch_dtype": "float32", "attention_bias": False,
-         "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2}
+         "vocab_size": 96, "attention_bias": False, "hidden_act": "silu", "bos_token_id": 1,
+         "eos_token_id": 2}
     c.update(kw)
     return c
 
@@ -34,11 +56,23 @@ def qwen2_config(**kw):
          "intermediate_size": 40, "num_hidden_layers": 2, "num_attention_heads": 4,
          "num_key_value_heads": 1, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
          "rope_scaling": None, "max_position_embeddings": 64, "tie_word_embeddings": True,
-         "vocab_size": 80, "torch_dtype": "float32", "hidden_act": "silu",
-         "use_sliding_window": False, "sliding_window": 64, "max_window_layers": 2,
-         "bos_token_id": 1, "eos_token_id": 2}
+         "vocab_size": 80, "hidden_act": "silu", "use_sliding_window": False,
+         "sliding_window": None, "max_window_layers": 2, "bos_token_id": 1, "eos_token_id": 2}
     c.update(kw)
     return c
+
+
+def mistral_config(**kw):
+    c = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 32,
+         "intermediate_size": 56, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 8, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
+         "max_position_embeddings": 64, "tie_word_embeddings": False, "vocab_size": 88,
+         "hidden_act": "silu", "sliding_window": None, "bos_token_id": 1, "eos_token_id": 2}
+    c.update(kw)
+    return c
+
+
+_CONFIGS = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}
 
 
 def head_dim(cfg):
@@ -53,7 +87,19 @@ def has_o_bias(cfg):
     return cfg["model_type"] != "qwen2" and bool(cfg.get("attention_bias"))
 
 
+def hf_config(cfg):
+    """The transformers configuration object of a config dict (its own constructor: rope_scaling
+    and rope_theta become transformers 5's rope_parameters)."""
+    kw = {k: copy.deepcopy(v) for k, v in cfg.items()  # transformers rewrites what it is given
+          if k not in ("architectures", "model_type", "torch_dtype", "dtype")}
+    c = _CONFIGS[cfg["model_type"]](**kw)
+    c.architectures = list(cfg["architectures"])
+    return c
+
+
 def random_weights(cfg, seed=0, std=0.2):
+    """{HF name: f32 tensor}: every tensor of the model, normal(0, std) (norm weights 1 + that),
+    so biases and norms are nonzero and logits vary."""
     g = torch.Generator().manual_seed(seed)
     C, F_, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     H, K, E = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
@@ -85,155 +131,108 @@ def random_weights(cfg, seed=0, std=0.2):
     return w
 
 
-def inv_freq(cfg):
-    """modeling_rope_utils: default, linear and llama3 inverse frequencies."""
-    E = head_dim(cfg)
-    base = cfg["rope_theta"]
-    inv = 1.0 / (base ** (torch.arange(0, E, 2, dtype=torch.int64).float() / E))
-    rs = cfg.get("rope_scaling")
-    if not rs:
-        return inv
-    kind = rs.get("rope_type", rs.get("type"))
-    if kind == "linear":
-        return inv / rs["factor"]
-    assert kind == "llama3", kind
-    factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
-    old = rs["original_max_position_embeddings"]
-    low_wave, high_wave = old / low, old / high
-    wavelen = 2 * math.pi / inv
-    inv_l = torch.where(wavelen > low_wave, inv / factor, inv)
-    smooth = (old / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * inv_l / factor + smooth * inv_l
-    medium = ~(wavelen < high_wave) * ~(wavelen > low_wave)
-    return torch.where(medium, smoothed, inv_l)
+def hf_model(cfg, w, dtype=torch.float32):
+    """The transformers model of cfg holding the weights w (every one of them, strictly)."""
+    m = AutoModelForCausalLM.from_config(hf_config(cfg), attn_implementation=ATTN, dtype=torch.float32)
+    sd = {k: v.detach().clone() for k, v in w.items()}
+    if cfg["tie_word_embeddings"]:
+        sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+    m.load_state_dict(sd, strict=True)
+    if cfg["tie_word_embeddings"]:
+        assert m.lm_head.weight.data_ptr() == m.model.embed_tokens.weight.data_ptr()
+    return m.to(dtype).eval()
 
 
-def rmsnorm(x, w, eps):
-    dt = x.dtype
-    x = x.to(torch.float32)
-    var = x.pow(2).mean(-1, keepdim=True)
-    x = x * torch.rsqrt(var + eps)
-    return w * x.to(dt)
+def load(d, dtype=torch.float32):
+    """A directory (HF's or one ctorch wrote) through transformers, its weights widened to f32."""
+    return AutoModelForCausalLM.from_pretrained(str(d), dtype=dtype, attn_implementation=ATTN).eval()
 
 
-def rotate_half(x):
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
-    return torch.cat((-x2, x1), dim=-1)
+def logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits.float()
 
 
-def repeat_kv(x, n_rep):
-    b, kv, t, e = x.shape
-    if n_rep == 1:
-        return x
-    return x[:, :, None, :, :].expand(b, kv, n_rep, t, e).reshape(b, kv * n_rep, t, e)
+def loss(model, tokens):
+    """transformers' own causal-LM loss of tokens [B, T + 1] (mean next-token cross-entropy),
+    differentiable in the model's parameters."""
+    return model(input_ids=tokens, labels=tokens).loss
 
 
-def forward(cfg, w, ids, lora=None, scale=1.0):
-    """Logits [B, T, V] of ids [B, T] (int64), differentiable in w. lora: {HF module name (e.g.
-    "model.layers.0.self_attn.q_proj"): (A [r, in], B [out, r])} applied as PEFT does:
-    x W^T + b + scale (x A^T) B^T."""
-    lora = lora or {}
-
-    def lin(x, name, bias=None):
-        y = F.linear(x, w[name + ".weight"], w.get(name + ".bias") if bias is None else bias)
-        if name in lora:
-            a, b = lora[name]
-            y = y + scale * F.linear(F.linear(x, a), b)
-        return y
-
-    B, T = ids.shape
-    C = cfg["hidden_size"]
-    H, K, E = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
-    eps = cfg["rms_norm_eps"]
-    pos = torch.arange(T)[None].float()
-    freqs = (inv_freq(cfg)[None, :, None].float() @ pos[:, None, :]).transpose(1, 2)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos()[:, None], emb.sin()[:, None]  # [1, 1, T, E]
-    mask = torch.full((T, T), float("-inf")).triu(1)
-    h = F.embedding(ids, w["model.embed_tokens.weight"])
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        x = rmsnorm(h, w[p + "input_layernorm.weight"], eps)
-        q = lin(x, p + "self_attn.q_proj")
-        k = lin(x, p + "self_attn.k_proj")
-        v = lin(x, p + "self_attn.v_proj")
-        q = q.view(B, T, H, E).transpose(1, 2)
-        k = k.view(B, T, K, E).transpose(1, 2)
-        v = v.view(B, T, K, E).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        k, v = repeat_kv(k, H // K), repeat_kv(v, H // K)
-        att = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(E) + mask
-        att = F.softmax(att, dim=-1, dtype=torch.float32).to(q.dtype)
-        o = torch.matmul(att, v).transpose(1, 2).reshape(B, T, H * E)
-        h = h + lin(o, p + "self_attn.o_proj")
-        x = rmsnorm(h, w[p + "post_attention_layernorm.weight"], eps)
-        m = F.silu(lin(x, p + "mlp.gate_proj")) * lin(x, p + "mlp.up_proj")
-        h = h + lin(m, p + "mlp.down_proj")
-    h = rmsnorm(h, w["model.norm.weight"], eps)
-    head = w["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else w["lm_head.weight"]
-    return F.linear(h, head)
+def grads(model):
+    """{HF name: gradient} of every parameter (a tied head is the embedding's)."""
+    return {k: p.grad for k, p in model.named_parameters() if p.grad is not None}
 
 
-def loss(cfg, w, tokens, lora=None, scale=1.0):
-    """Mean next-token cross-entropy of tokens [B, T + 1]."""
-    logits = forward(cfg, w, tokens[:, :-1], lora, scale)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
-
-
-# ---- writing the Hugging Face layout (a plain safetensors writer, independent of ctorch) ----
-
-_ST = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
-
-
-def write_safetensors(path, tensors, metadata=None):
-    header, blobs, off = {}, [], 0
-    for name, t in tensors.items():
-        t = t.contiguous()
-        if t.dtype == torch.bfloat16:
-            raw = t.view(torch.int16).numpy().tobytes()
-        else:
-            raw = t.numpy().tobytes()
-        header[name] = {"dtype": _ST[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + len(raw)]}
-        blobs.append(raw)
-        off += len(raw)
-    if metadata:
-        header["__metadata__"] = metadata
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h)
-        for b in blobs:
-            f.write(b)
+def greedy(model, ids, n):
+    """transformers' generate(do_sample=False) for n new tokens, never stopping at EOS."""
+    with torch.no_grad():
+        return model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                              eos_token_id=None, pad_token_id=0, attention_mask=torch.ones_like(ids))
 
 
 def save_hf(d, cfg, w, dtype=torch.float32, shards=1):
-    """config.json and model.safetensors, or `shards` files with model.safetensors.index.json."""
-    os.makedirs(d, exist_ok=True)
-    cfg = dict(cfg)
-    cfg["torch_dtype"] = {torch.float32: "float32", torch.float16: "float16",
-                          torch.bfloat16: "bfloat16"}[dtype]
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=2)
-    ws = {k: v.detach().to(dtype) for k, v in w.items()}
-    if shards == 1:
-        write_safetensors(os.path.join(d, "model.safetensors"), ws, {"format": "pt"})
-        return
-    names = list(ws)
-    per = -(-len(names) // shards)
-    wmap, total = {}, 0
-    for s in range(shards):
-        fn = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
-        part = {k: ws[k] for k in names[s * per:(s + 1) * per]}
-        write_safetensors(os.path.join(d, fn), part, {"format": "pt"})
-        for k, v in part.items():
-            wmap[k] = fn
-            total += v.numel() * v.element_size()
-    with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": wmap}, f, indent=2)
+    """save_pretrained of the model holding w, in dtype: model.safetensors, or (shards > 1) about
+    that many files (max_shard_size) with model.safetensors.index.json."""
+    m = hf_model(cfg, w, dtype)
+    kw = {}
+    if shards > 1:
+        total = sum(v.numel() for v in w.values()) * torch.finfo(dtype).bits // 8
+        kw["max_shard_size"] = max(total // shards + 1, 1)
+    m.save_pretrained(str(d), **kw)
+    names = [f for f in os.listdir(d) if f.endswith(".safetensors")]
+    assert (len(names) > 1) == (shards > 1), names
+    return m
 
 
-# ---- HF names <-> ctorch names (what ctorch's own reader does in C; used before it exists) ----
+def write_safetensors(path, tensors, metadata=None):
+    """A plain safetensors file (the safetensors library's writer)."""
+    safetensors.torch.save_file({k: v.contiguous() for k, v in tensors.items()}, str(path),
+                                metadata=metadata)
+
+
+# ---- LoRA through peft ------------------------------------------------------------------------
+
+MODULES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj",
+           "up": "up_proj", "down": "down_proj"}
+
+
+def peft_model(model, rank, alpha, targets, seed=0, std=0.3):
+    """get_peft_model on a transformers model (targets "q,v,..."), every lora_A and lora_B set to
+    normal(0, std) (lora_B nonzero, unlike PEFT's initialisation, so the adapters matter)."""
+    cfg = peft.LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, bias="none",
+                          task_type="CAUSAL_LM", target_modules=[MODULES[t] for t in targets.split(",")])
+    pm = peft.get_peft_model(model, cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for k, p in pm.named_parameters():
+            if "lora_" in k:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+    return pm.eval()
+
+
+def peft_state_dict(pm):
+    """The adapter tensors under the names PEFT saves them (as adapter_model.safetensors)."""
+    return {k: v.detach().clone() for k, v in peft.get_peft_model_state_dict(pm).items()}
+
+
+def set_peft_state_dict(pm, sd):
+    r = peft.set_peft_model_state_dict(pm, sd)
+    assert not r.unexpected_keys, r.unexpected_keys
+
+
+def peft_grads(pm):
+    """{PEFT saved name: gradient} of the adapters."""
+    return {k.replace(".default.weight", ".weight"): p.grad for k, p in pm.named_parameters()
+            if "lora_" in k and p.grad is not None}
+
+
+def load_adapter(model, adapter_dir):
+    """PeftModel.from_pretrained of an adapter directory on a transformers base model."""
+    return peft.PeftModel.from_pretrained(model, str(adapter_dir)).eval()
+
+
+# ---- HF names <-> ctorch names (what ctorch's own reader does in C) -------------------------
 
 def ctorch_config(cfg):
     rs = cfg.get("rope_scaling") or {}
@@ -290,3 +289,7 @@ def grads_to_hf(cfg, g):
         gu = g[f"layers.{i}.feed_forward.w_gate_up.weight"]
         out[p + "mlp.gate_proj.weight"], out[p + "mlp.up_proj.weight"] = gu[:F_], gu[F_:]
     return out
+
+
+def config_dict(d):
+    return json.load(open(os.path.join(d, "config.json")))
