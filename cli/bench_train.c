@@ -1,7 +1,8 @@
 /* ctorch bench train: one training step (forward, backward, clipping, AdamW) of the same model
  * on the same batch, four ways: the fused linear cross-entropy vs the unfused head, FlexAttention
- * with a sliding-window block mask vs dense SDPA reading a [B, T, T] mask, and PyTorch 1.13
- * (bench/torch_train.py, initialised from the same weights). Each case runs in its own process,
+ * with a sliding-window block mask vs dense SDPA reading a [B, T, T] mask, and PyTorch 2.13
+ * (bench/torch_train.py: F.scaled_dot_product_attention, eager and torch.compile'd, initialised
+ * from the same weights). Each case runs in its own process,
  * so its peak RSS is its own; times are medians of repeats after a warm-up. */
 #include "bench_util.h"
 
@@ -168,7 +169,7 @@ int bench_train(bench_ctx *b, int argc, char **argv)
     bconf c = {ct_gpt_config_default(), 2};
     c.cfg.context = 512;
     c.cfg.window = 128;
-    const char *which = NULL, *weights = NULL;
+    const char *which = NULL, *weights = NULL, *tmodes = "eager,compiled", *tattn = "causal";
     for (int i = 1; i < argc; i++) {
         const char *v;
         long long x;
@@ -176,7 +177,8 @@ int bench_train(bench_ctx *b, int argc, char **argv)
             puts(
                 "usage: ctorch bench train [--batch B] [--seq T] [--window W] [--layers N] "
                 "[--d-model C]\n"
-                "       [--heads H] [--kv-heads K] [--ffn F] [--vocab V] [--repeats R] [--json]\n"
+                "       [--heads H] [--kv-heads K] [--ffn F] [--vocab V] [--torch-modes LIST]\n"
+                "       [--torch-attention causal|mask] [--no-torch] [--repeats R] [--json]\n"
                 "One training step (forward, backward, gradient clipping, AdamW) of the same model "
                 "on the\n"
                 "same batch, each case in its own process:\n"
@@ -184,9 +186,12 @@ int bench_train(bench_ctx *b, int argc, char **argv)
                 "mask\n"
                 "  unfused-flex   logits [B T, V] and their gradient materialised + FlexAttention\n"
                 "  fused-dense    fused loss + dense SDPA reading a [B, T, T] boolean mask\n"
-                "  pytorch        bench/torch_train.py: the same model in PyTorch 1.13 from the "
+                "  pytorch        bench/torch_train.py: the same model in PyTorch 2.13 from the "
                 "same\n"
-                "                 weights and batch (unfused head, dense masked attention)\n"
+                "                 weights and batch (F.scaled_dot_product_attention is_causal, F.linear +\n"
+                "                 F.cross_entropy), eager and torch.compile'd; --torch-attention mask gives\n"
+                "                 SDPA the model's exact mask (window, documents) instead of is_causal;\n"
+                "                 --torch-modes eager|compiled|eager,compiled (default both), --no-torch\n"
                 "Defaults: the default ctorch train model (V 32768, 4 layers, d_model 128, 4 "
                 "heads, 2 kv,\n"
                 "ffn 384) with B=2, T=512 and a causal window of 128. Reports the median step "
@@ -224,6 +229,22 @@ int bench_train(bench_ctx *b, int argc, char **argv)
             which = v;
         } else if (cli_opt(argc, argv, &i, "--weights", &v)) {
             weights = v;
+        } else if (cli_opt(argc, argv, &i, "--torch-modes", &v)) {
+            if (strcmp(v, "eager") && strcmp(v, "compiled") && strcmp(v, "eager,compiled") &&
+                strcmp(v, "compiled,eager")) {
+                fprintf(stderr, "ctorch bench train: --torch-modes must be eager, compiled or eager,compiled; "
+                                "got '%s'\n", v);
+                return 2;
+            }
+            tmodes = v;
+        } else if (cli_opt(argc, argv, &i, "--torch-attention", &v)) {
+            if (strcmp(v, "causal") && strcmp(v, "mask")) {
+                fprintf(stderr, "ctorch bench train: --torch-attention must be causal or mask, got '%s'\n", v);
+                return 2;
+            }
+            tattn = v;
+        } else if (!strcmp(argv[i], "--no-torch")) {
+            tmodes = "";
         } else {
             fprintf(stderr, "ctorch bench train: unknown option '%s'\n", argv[i]);
             return 2;
@@ -257,7 +278,7 @@ int bench_train(bench_ctx *b, int argc, char **argv)
     snprintf(sV, sizeof sV, "%lld", (long long)c.cfg.vocab_size);
     snprintf(sR, sizeof sR, "%d", b->repeats);
     const char *names[3] = {"fused-flex", "unfused-flex", "fused-dense"};
-    json_t *res[4] = {0};
+    json_t *res[5] = {0};
     for (int k = 0; k < 3 && !rc; k++) {
         char *args[32] = {"train",     "--case",    (char *)names[k],
                           "--weights", path,        "--batch",
@@ -271,13 +292,19 @@ int bench_train(bench_ctx *b, int argc, char **argv)
         res[k] = bench_child(b, args);
         if (!res[k]) rc = 1;
     }
-    if (!rc) {
-        char *pargs[8] = {"--weights", path, "--repeats", sR, NULL};
-        res[3] = bench_python("torch_train.py", pargs);
+    /* PyTorch 2.13, eager and compiled, each in its own process */
+    static const char *const tm[2] = {"eager", "compiled"};
+    for (int k = 0; k < 2 && !rc; k++) {
+        if (!strstr(tmodes, tm[k])) continue;
+        char st[32];
+        snprintf(st, sizeof st, "%d", ct_num_threads());
+        char *pargs[16] = {"--weights", path, "--repeats", sR, "--mode", (char *)tm[k],
+                           "--attention", (char *)tattn, "--threads", st, NULL};
+        res[3 + k] = bench_python("torch_train.py", pargs);
     }
     remove(path);
     if (rc) {
-        for (int k = 0; k < 4; k++)
+        for (int k = 0; k < 5; k++)
             json_decref(res[k]);
         return rc;
     }
@@ -288,10 +315,9 @@ int bench_train(bench_ctx *b, int argc, char **argv)
                   (json_int_t)c.cfg.n_layer, "d_model", (json_int_t)c.cfg.d_model, "heads",
                   (json_int_t)c.cfg.n_head, "kv_heads", (json_int_t)c.cfg.n_kv_head, "ffn",
                   (json_int_t)c.cfg.d_ff, "machine", bench_machine_json(sg));
-    const char *keys[4] = {"fused_flex", "unfused_flex", "fused_dense", "pytorch"};
-    for (int k = 0; k < 4; k++)
-        json_object_set_new(j, keys[k], res[k]);
-    bool have_torch = json_object_get(res[3], "step") != NULL;
+    const char *keys[5] = {"fused_flex", "unfused_flex", "fused_dense", "pytorch_eager", "pytorch_compiled"};
+    for (int k = 0; k < 5; k++)
+        if (res[k]) json_object_set_new(j, keys[k], res[k]);
     double tf = jnum(res[0], "tokens_per_s", NULL), tu = jnum(res[1], "tokens_per_s", NULL);
     double td = jnum(res[2], "tokens_per_s", NULL);
     double mf = jnum(res[0], "peak_tracked_bytes", NULL),
@@ -301,12 +327,19 @@ int bench_train(bench_ctx *b, int argc, char **argv)
     json_object_set_new(j, "fused_vs_unfused_peak_tracked", json_real(mu / mf));
     json_object_set_new(j, "flex_vs_dense_tokens_per_s", json_real(tf / td));
     json_object_set_new(j, "flex_vs_dense_peak_tracked", json_real(md / mf));
-    double tt = 0, rt = 0;
-    if (have_torch) {
-        tt = tf / jnum(res[3], "tokens_per_s", NULL);
-        rt = jnum(res[3], "peak_rss_bytes", NULL) / jnum(res[0], "peak_rss_bytes", NULL);
-        json_object_set_new(j, "ctorch_vs_pytorch_tokens_per_s", json_real(tt));
-        json_object_set_new(j, "pytorch_vs_ctorch_peak_rss", json_real(rt));
+    double tt[2] = {0}, rt[2] = {0}, mt[2] = {0};
+    for (int k = 0; k < 2; k++) {
+        if (!json_object_get(res[3 + k], "step")) continue;
+        tt[k] = tf / jnum(res[3 + k], "tokens_per_s", NULL);
+        rt[k] = jnum(res[3 + k], "peak_rss_bytes", NULL) / jnum(res[0], "peak_rss_bytes", NULL);
+        mt[k] = jnum(res[3 + k], "peak_tracked_bytes", NULL) / mf;
+        char key[64];
+        snprintf(key, sizeof key, "ctorch_vs_pytorch_%s_tokens_per_s", tm[k]);
+        json_object_set_new(j, key, json_real(tt[k]));
+        snprintf(key, sizeof key, "pytorch_%s_vs_ctorch_peak_rss", tm[k]);
+        json_object_set_new(j, key, json_real(rt[k]));
+        snprintf(key, sizeof key, "pytorch_%s_vs_ctorch_peak_tracked", tm[k]);
+        json_object_set_new(j, key, json_real(mt[k]));
     }
     if (b->json) {
         bench_print_json(j);
@@ -323,13 +356,21 @@ int bench_train(bench_ctx *b, int argc, char **argv)
         row("ctorch fused loss + flex", res[0]);
         row("ctorch unfused head + flex", res[1]);
         row("ctorch fused loss + dense SDPA", res[2]);
-        row("PyTorch 1.13 (unfused, dense)", res[3]);
+        row("PyTorch eager (SDPA, unfused head)", res[3]);
+        row("PyTorch torch.compile'd", res[4]);
         printf("  fused vs unfused head: %.2fx tokens/s, %.1fx less peak tracked memory\n", tf / tu,
                mu / mf);
         printf("  flex vs dense attention: %.2fx tokens/s, %.1fx less peak tracked memory\n",
                tf / td, md / mf);
-        if (have_torch)
-            printf("  ctorch vs PyTorch: %.2fx tokens/s, %.1fx less peak RSS\n", tt, rt);
+        for (int k = 0; k < 2; k++) {
+            if (!res[3 + k]) continue;
+            if (tt[k] > 0)
+                printf("  ctorch (fused + flex) vs PyTorch %s %s: %.2fx tokens/s, %.1fx less peak RSS, %.1fx less "
+                       "peak tracked; first step %.1f s; attention: %s\n",
+                       json_string_value(json_object_get(res[3 + k], "torch_version")), tm[k], tt[k], rt[k], mt[k],
+                       jnum(res[3 + k], "first_step_s", NULL),
+                       json_string_value(json_object_get(res[3 + k], "attention")));
+        }
     }
     json_decref(j);
     return 0;
