@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 enum { ST_SET = 1, ST_GET, ST_CHECK, ST_ADD, ST_CAS, ST_DEL };
-enum { ST_OK = 0, ST_MISSING = 1, ST_BAD = 2 };
+enum { ST_OK = 0, ST_MISSING = 1, ST_BAD = 2, ST_FULL = 3 };
 
 #define ST_MAX_KEY CT_STORE_MAX_KEY_BYTES
 #define ST_MAX_VAL CT_STORE_MAX_VALUE_BYTES
@@ -33,6 +33,13 @@ enum { ST_OK = 0, ST_MISSING = 1, ST_BAD = 2 };
 #define ST_OUT_CAP ((size_t)CT_STORE_MAX_CLIENT_BYTES - ST_IN_CAP)
 #define ST_MAX_REPLY ((size_t)ST_MAX_VAL + 9)
 #define ST_ACCEPT_PAUSE_S 0.1
+/* What the store holds, whoever writes it (an authenticated client could otherwise grow it
+ * until the host runs out of memory): keys, and bytes of keys and values. A write past
+ * either is answered ST_FULL (the client's message names the limits) and changes nothing;
+ * deleting keys makes room again. */
+#define ST_MAX_KEYS ((size_t)1 << 16)
+#define ST_MAX_BYTES ((size_t)256 << 20)
+#define ST_BUCKETS ((size_t)1 << 16) /* a power of two; chains average <= 1 at ST_MAX_KEYS */
 _Static_assert(ST_OUT_CAP >= ST_MAX_REPLY + (1u << 20), "the reply queue must hold a reply");
 
 /* ---- server ---------------------------------------------------------------------------- */
@@ -40,7 +47,8 @@ _Static_assert(ST_OUT_CAP >= ST_MAX_REPLY + (1u << 20), "the reply queue must ho
 typedef struct kv {
     char *key;
     uint8_t *val;
-    size_t len;
+    size_t len, klen;
+    uint32_t hash, next; /* next: index + 1 in the bucket's chain, 0 ends it */
 } kv;
 
 typedef struct client {
@@ -64,23 +72,64 @@ struct ct_store_server {
     double accept_paused_until;
     kv *kvs;
     size_t nkv, cap_kv;
+    uint32_t *bucket;  /* ST_BUCKETS chains of kvs (index + 1) */
+    size_t bytes;      /* keys and values held */
     client *cl;
     size_t ncl, cap_cl;
     pthread_mutex_t stats_mu;
     cm_store_stats stats;
 };
 
+static uint32_t kv_hash(const char *key, size_t klen)
+{
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (size_t i = 0; i < klen; i++)
+        h = (h ^ (uint8_t)key[i]) * 16777619u;
+    return h;
+}
+
 static kv *kv_find(ct_store_server *s, const char *key, size_t klen)
 {
-    for (size_t i = 0; i < s->nkv; i++)
-        if (strlen(s->kvs[i].key) == klen && !memcmp(s->kvs[i].key, key, klen)) return &s->kvs[i];
+    if (!s->bucket) return NULL;
+    uint32_t h = kv_hash(key, klen);
+    for (uint32_t i = s->bucket[h & (ST_BUCKETS - 1)]; i; i = s->kvs[i - 1].next) {
+        kv *e = &s->kvs[i - 1];
+        if (e->hash == h && e->klen == klen && !memcmp(e->key, key, klen)) return e;
+    }
     return NULL;
 }
 
+/* The link that points at kvs[i] (the bucket head or the previous entry's next). */
+static uint32_t *kv_link(ct_store_server *s, size_t i)
+{
+    uint32_t *l = &s->bucket[s->kvs[i].hash & (ST_BUCKETS - 1)];
+    while (*l != i + 1)
+        l = &s->kvs[*l - 1].next;
+    return l;
+}
+
+static void kv_delete(ct_store_server *s, kv *e)
+{
+    size_t i = (size_t)(e - s->kvs), last = s->nkv - 1;
+    *kv_link(s, i) = e->next;
+    s->bytes -= e->klen + e->len;
+    free(e->key);
+    free(e->val);
+    if (i != last) { /* the last entry moves into the hole */
+        *kv_link(s, last) = (uint32_t)(i + 1);
+        s->kvs[i] = s->kvs[last];
+    }
+    s->nkv--;
+}
+
+/* 0 stored, 1 full (nothing changed), -1 refused or out of memory. */
 static int kv_put(ct_store_server *s, const char *key, size_t klen, const uint8_t *v, size_t vlen)
 {
     if (vlen > ST_MAX_VAL || memchr(key, 0, klen)) return -1;
     kv *e = kv_find(s, key, klen);
+    size_t after = s->bytes - (e ? e->len : 0) + vlen + (e ? 0 : klen);
+    if (after > ST_MAX_BYTES || (!e && s->nkv >= ST_MAX_KEYS)) return 1;
+    if (!s->bucket && !(s->bucket = calloc(ST_BUCKETS, sizeof *s->bucket))) return -1;
     uint8_t *nv = malloc(vlen ? vlen : 1);
     if (!nv) return -1;
     if (vlen) memcpy(nv, v, vlen);
@@ -88,6 +137,7 @@ static int kv_put(ct_store_server *s, const char *key, size_t klen, const uint8_
         free(e->val);
         e->val = nv;
         e->len = vlen;
+        s->bytes = after;
         return 0;
     }
     if (s->nkv == s->cap_kv) {
@@ -107,7 +157,11 @@ static int kv_put(ct_store_server *s, const char *key, size_t klen, const uint8_
     }
     memcpy(k, key, klen);
     k[klen] = 0;
-    s->kvs[s->nkv++] = (kv){k, nv, vlen};
+    uint32_t h = kv_hash(key, klen);
+    uint32_t *head = &s->bucket[h & (ST_BUCKETS - 1)];
+    s->kvs[s->nkv] = (kv){k, nv, vlen, klen, h, *head};
+    *head = (uint32_t)(++s->nkv);
+    s->bytes = after;
     return 0;
 }
 
@@ -192,10 +246,12 @@ static int handle(ct_store_server *s, client *c, const uint8_t *body, size_t len
     const char *key = (const char *)k;
     kv *e = kv_find(s, key, kl);
     switch (body[0]) {
-    case ST_SET:
-        if (field(body, len, 1, &a, &al) || al > ST_MAX_VAL || kv_put(s, key, kl, a, al))
+    case ST_SET: {
+        int r;
+        if (field(body, len, 1, &a, &al) || al > ST_MAX_VAL || (r = kv_put(s, key, kl, a, al)) < 0)
             return -1;
-        return reply(s, c, ST_OK, NULL, 0, 0);
+        return reply(s, c, r ? ST_FULL : ST_OK, NULL, 0, 0);
+    }
     case ST_GET:
         return e ? reply(s, c, ST_OK, e->val, e->len, 1) : reply(s, c, ST_MISSING, NULL, 0, 0);
     case ST_CHECK:
@@ -214,24 +270,23 @@ static int handle(ct_store_server *s, client *c, const uint8_t *body, size_t len
         v = (int64_t)((uint64_t)v + (uint64_t)delta);
         char out[32];
         int n = snprintf(out, sizeof out, "%lld", (long long)v);
-        if (kv_put(s, key, kl, (const uint8_t *)out, (size_t)n)) return -1;
-        return reply(s, c, ST_OK, &v, 8, 1);
+        int r = kv_put(s, key, kl, (const uint8_t *)out, (size_t)n);
+        if (r < 0) return -1;
+        return r ? reply(s, c, ST_FULL, NULL, 0, 0) : reply(s, c, ST_OK, &v, 8, 1);
     }
     case ST_CAS:
         if (field(body, len, 1, &a, &al) || field(body, len, 2, &b, &bl) || al > ST_MAX_VAL ||
             bl > ST_MAX_VAL)
             return -1;
         if ((!e && al == 0) || (e && e->len == al && !memcmp(e->val, a, al))) {
-            if (kv_put(s, key, kl, b, bl)) return -1;
+            int r = kv_put(s, key, kl, b, bl);
+            if (r < 0) return -1;
+            if (r) return reply(s, c, ST_FULL, NULL, 0, 0);
             e = kv_find(s, key, kl);
         }
         return e ? reply(s, c, ST_OK, e->val, e->len, 1) : reply(s, c, ST_MISSING, NULL, 0, 0);
     case ST_DEL:
-        if (e) {
-            free(e->key);
-            free(e->val);
-            *e = s->kvs[--s->nkv];
-        }
+        if (e) kv_delete(s, e);
         return reply(s, c, ST_OK, NULL, 0, 0);
     }
     return -1;
@@ -571,6 +626,7 @@ static void server_free_state(ct_store_server *s)
         free(s->kvs[i].val);
     }
     free(s->kvs);
+    free(s->bucket);
     cm_key_wipe(&s->key);
     pthread_mutex_destroy(&s->stats_mu);
 }
@@ -807,7 +863,7 @@ static ct_status request(ct_store *s, const char *fn, uint8_t cmd, const char *k
         memcpy(&len, hdr, 4);
         *status = hdr[4];
         /* A reply is [status] or [status][u32 n][n bytes] with n <= one value. */
-        if (len == 0 || (len > 1 && (len < 5 || len - 5 > ST_MAX_VAL)) || *status > ST_BAD)
+        if (len == 0 || (len > 1 && (len < 5 || len - 5 > ST_MAX_VAL)) || *status > ST_FULL)
             st = ct_error(CT_EFORMAT,
                           "%s: malformed store reply (%u bytes, status %u; at most %u bytes)", fn,
                           len, (unsigned)*status, ST_MAX_VAL + 5);
@@ -837,6 +893,13 @@ static ct_status request(ct_store *s, const char *fn, uint8_t cmd, const char *k
     if (*status == ST_BAD) {
         ct_free(val);
         return ct_error(CT_EIO, "%s: store rejected the request", fn);
+    }
+    if (*status == ST_FULL) {
+        ct_free(val);
+        return ct_error(CT_ENOMEM,
+                        "%s: key '%.64s': store %s:%d is full (it holds at most %zu keys and %zu MiB "
+                        "of keys and values): nothing was written; delete keys no longer needed",
+                        fn, key, s->host, s->port, ST_MAX_KEYS, ST_MAX_BYTES >> 20);
     }
     if (rv) {
         *rv = val;
