@@ -1,8 +1,8 @@
 /* ctorch bench fsdp: training steps of a model where communication matters (d_model 512, 8
  * layers) at N = 1 and N = 2 ranks of one thread each: tokens/s, exposed communication, per-rank
  * peak tracked memory; FSDP with overlap on and off, with and without the separate
- * reduce-scatter communicator, data parallel; beside PyTorch 1.13 (one process, and DDP over
- * gloo at N = 2) on the same weights and tokens. Each case is a `ctorch train` run in its own
+ * reduce-scatter communicator, data parallel; beside PyTorch 2.13 (bench/torch_ddp.py: one
+ * process, DDP over gloo and FSDP2 fully_shard over gloo at N = 2) on the same weights and tokens. Each case is a `ctorch train` run in its own
  * processes (through the launcher for N = 2); figures are medians over the timed steps. */
 #include "bench_util.h"
 
@@ -69,11 +69,14 @@ static int run_quiet(char *const argv[])
 static void usage(FILE *f)
 {
     fputs("usage: ctorch bench fsdp [--json] [--steps N] [--layers L] [--d-model C] [--batch B]\n"
-          "                         [--seq T] [--no-torch]\n"
+          "                         [--seq T] [--cases LIST] [--torch-modes LIST] [--no-torch]\n"
           "Training steps at N=1 and N=2 ranks of one thread: tokens/s, exposed communication\n"
           "(% of the step and of the collectives' time), per-rank peak tracked memory and\n"
           "training state; FSDP overlap on/off, separate reduce-scatter communicator on/off,\n"
-          "data parallel; PyTorch 1.13 one process and DDP over gloo on the same model.\n"
+          "data parallel; PyTorch 2.13 one process, DDP over gloo and FSDP2 (fully_shard per\n"
+          "block, gloo) on the same model (bench/torch_ddp.py; SDPA is_causal, so without the\n"
+          "document mask). Cases (LIST, all by default): single, fsdp, fsdp-no-overlap,\n"
+          "fsdp-shared-rs, dp; PyTorch modes: single, ddp, fsdp2.\n"
           "Defaults: 8 layers, d_model 512, 8 heads (4 kv), ffn 1024, vocab 2048, batch 4 x 32,\n"
           "3 steps (the first is not timed).\n",
           f);
@@ -83,6 +86,7 @@ int bench_fsdp(bench_ctx *b, int argc, char **argv)
 {
     long long steps = 3, layers = 8, dmodel = 512, batch = 4, seq = 32;
     bool torch = true;
+    const char *only = NULL, *tmodes = "single,ddp,fsdp2";
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -100,11 +104,43 @@ int bench_fsdp(bench_ctx *b, int argc, char **argv)
             if (!cli_int("--seq", v, 8, 4096, &seq)) return 2;
         } else if (!strcmp(argv[i], "--no-torch")) {
             torch = false;
+        } else if (cli_opt(argc, argv, &i, "--cases", &v)) {
+            only = v;
+        } else if (cli_opt(argc, argv, &i, "--torch-modes", &v)) {
+            tmodes = v;
         } else {
             fprintf(stderr, "ctorch bench fsdp: unknown option '%s'\n", argv[i]);
             usage(stderr);
             return 2;
         }
+    }
+    if (only) { /* every name a case */
+        const char *p = only;
+        do {
+            size_t n = strcspn(p, ",");
+            bool known = false;
+            for (size_t c = 0; c < NCASES && !known; c++)
+                known = strlen(CASES[c].name) == n && !strncmp(p, CASES[c].name, n);
+            if (!known) {
+                fprintf(stderr, "ctorch bench fsdp: --cases: unknown case '%.*s' (cases: single, fsdp, "
+                        "fsdp-no-overlap, fsdp-shared-rs, dp)\n", (int)(n > 64 ? 64 : n), p);
+                return 2;
+            }
+            p += n;
+        } while (*p++ == ',');
+    }
+    {
+        const char *p = tmodes;
+        do {
+            size_t n = strcspn(p, ",");
+            if (!((n == 6 && !strncmp(p, "single", 6)) || (n == 3 && !strncmp(p, "ddp", 3)) ||
+                  (n == 5 && !strncmp(p, "fsdp2", 5)))) {
+                fprintf(stderr, "ctorch bench fsdp: --torch-modes: unknown mode '%.*s' (modes: single, ddp, "
+                        "fsdp2)\n", (int)(n > 64 ? 64 : n), p);
+                return 2;
+            }
+            p += n;
+        } while (*p++ == ',');
     }
     char tmp[] = "/tmp/ctorch-bench-fsdp-XXXXXX";
     if (!mkdtemp(tmp)) {
@@ -134,6 +170,13 @@ int bench_fsdp(bench_ctx *b, int argc, char **argv)
     json_int_t fsdp_state = 0, dp_state = 0;
     for (size_t c = 0; c < NCASES; c++) {
         const fcase *fc = &CASES[c];
+        if (only) { /* the case named in --cases? */
+            size_t n = strlen(fc->name);
+            bool listed = false;
+            for (const char *p = only; !listed && (p = strstr(p, fc->name)) != NULL; p += n)
+                listed = (p == only || p[-1] == ',') && (p[n] == ',' || p[n] == '\0');
+            if (!listed) continue;
+        }
         char out[4200], np[16];
         snprintf(out, sizeof out, "%s/%s", tmp, fc->name);
         snprintf(np, sizeof np, "%d", fc->nproc);
@@ -211,7 +254,7 @@ int bench_fsdp(bench_ctx *b, int argc, char **argv)
         if (!strcmp(fc->name, "dp")) dp_state = state;
         if (!strcmp(fc->name, "fsdp-no-overlap")) fsdp_serial_tps = tps;
     }
-    /* PyTorch 1.13 on the same weights and tokens: one process and DDP over gloo */
+    /* PyTorch 2.13 on the same weights and tokens: one process, DDP and FSDP2 over gloo */
     json_t *tj = json_null();
     if (torch) {
         char dump[4200];
@@ -229,9 +272,9 @@ int bench_fsdp(bench_ctx *b, int argc, char **argv)
         av[n++] = "--dump-grads";
         av[n++] = dump;
         av[n] = NULL;
-        if (!b->json) fprintf(stderr, "running PyTorch 1.13 (one process, DDP over gloo at 2) ...\n");
+        if (!b->json) fprintf(stderr, "running PyTorch (%s) ...\n", tmodes);
         if (run_quiet(av) == 0) {
-            char *pa[] = {"--weights", dump, "--steps", s_steps, NULL};
+            char *pa[] = {"--weights", dump, "--steps", s_steps, "--modes", (char *)tmodes, NULL};
             tj = bench_python("torch_ddp.py", pa);
         } else {
             tj = json_pack("{s:s}", "status", "could not write the weights");
@@ -245,14 +288,22 @@ int bench_fsdp(bench_ctx *b, int argc, char **argv)
                             "model", "layers", (json_int_t)layers, "d_model", (json_int_t)dmodel,
                             "batch", (json_int_t)batch, "seq", (json_int_t)seq, "threads_per_rank",
                             (json_int_t)1, "cases", cases, "torch", tj);
-    json_object_set_new(res, "speedup_fsdp2_vs_single", json_real(fsdp_tps / single_tps));
-    json_object_set_new(res, "speedup_overlap_vs_serialized", json_real(fsdp_tps / fsdp_serial_tps));
+    if (isfinite(fsdp_tps / single_tps))
+        json_object_set_new(res, "speedup_fsdp2_vs_single", json_real(fsdp_tps / single_tps));
+    if (isfinite(fsdp_tps / fsdp_serial_tps))
+        json_object_set_new(res, "speedup_overlap_vs_serialized", json_real(fsdp_tps / fsdp_serial_tps));
     /* dp replicates the whole state, as one process holds it: the N=1 state */
     if (fsdp_state > 0 && dp_state > 0)
         json_object_set_new(res, "state_fsdp2_vs_replicated", json_real((double)fsdp_state / (double)dp_state));
-    json_t *ddp = json_object_get(tj, "ddp_tokens_per_s");
+    json_t *ddp = json_object_get(json_object_get(tj, "ddp"), "tokens_per_s");
     if (json_is_number(ddp) && json_number_value(ddp) > 0)
         json_object_set_new(res, "speedup_fsdp2_vs_torch_ddp", json_real(fsdp_tps / json_number_value(ddp)));
+    json_t *tf2 = json_object_get(json_object_get(tj, "fsdp2"), "tokens_per_s");
+    if (json_is_number(tf2) && json_number_value(tf2) > 0)
+        json_object_set_new(res, "speedup_fsdp2_vs_torch_fsdp2", json_real(fsdp_tps / json_number_value(tf2)));
+    json_t *ts1 = json_object_get(json_object_get(tj, "single"), "tokens_per_s");
+    if (json_is_number(ts1) && json_number_value(ts1) > 0)
+        json_object_set_new(res, "speedup_single_vs_torch_single", json_real(single_tps / json_number_value(ts1)));
     if (b->json) {
         bench_print_json(res);
     } else {
@@ -289,21 +340,36 @@ int bench_fsdp(bench_ctx *b, int argc, char **argv)
         }
         const char *ts = json_string_value(json_object_get(tj, "status"));
         if (ts && !strcmp(ts, "ok")) {
-            printf("PyTorch %s: one process %.0f tokens/s; DDP over gloo, 2 ranks %.0f tokens/s "
-                   "(peak RSS per rank %.1f MiB)\n",
-                   json_string_value(json_object_get(tj, "torch_version")),
-                   json_number_value(json_object_get(tj, "single_tokens_per_s")),
-                   json_number_value(json_object_get(tj, "ddp_tokens_per_s")),
-                   json_number_value(json_object_get(tj, "ddp_peak_rss_bytes")) / 1048576.0);
+            static const char *const tk[3][2] = {{"single", "one process"},
+                                                 {"ddp", "DDP over gloo, 2 ranks"},
+                                                 {"fsdp2", "FSDP2 fully_shard over gloo, 2 ranks"}};
+            printf("PyTorch %s (%s):\n", json_string_value(json_object_get(tj, "torch_version")),
+                   json_string_value(json_object_get(tj, "attention")));
+            for (int k = 0; k < 3; k++) {
+                json_t *to = json_object_get(tj, tk[k][0]);
+                if (!to) continue;
+                const char *os = json_string_value(json_object_get(to, "status"));
+                if (os && !strcmp(os, "ok"))
+                    printf("  %-38s %10.3f s %10.0f tokens/s, peak RSS %.1f MiB%s\n", tk[k][1],
+                           json_number_value(json_object_get(to, "step_s")),
+                           json_number_value(json_object_get(to, "tokens_per_s")),
+                           json_number_value(json_object_get(to, "peak_rss_bytes")) / 1048576.0,
+                           k ? " per rank" : "");
+                else
+                    printf("  %-38s %s\n", tk[k][1], os ? os : "failed");
+            }
         } else if (torch) {
             printf("PyTorch: %s\n", ts ? ts : "failed");
         }
         json_t *r;
         if ((r = json_object_get(res, "state_fsdp2_vs_replicated")))
             printf("training state per rank, fsdp N=2 / replicated (N=1): %.3fx\n", json_number_value(r));
-        printf("overlap on / every collective waited: %.2fx tokens/s\n", fsdp_tps / fsdp_serial_tps);
+        if (isfinite(fsdp_tps / fsdp_serial_tps))
+            printf("overlap on / every collective waited: %.2fx tokens/s\n", fsdp_tps / fsdp_serial_tps);
         if ((r = json_object_get(res, "speedup_fsdp2_vs_torch_ddp")))
             printf("fsdp N=2 / PyTorch DDP N=2: %.2fx tokens/s\n", json_number_value(r));
+        if ((r = json_object_get(res, "speedup_fsdp2_vs_torch_fsdp2")))
+            printf("fsdp N=2 / PyTorch FSDP2 N=2: %.2fx tokens/s\n", json_number_value(r));
     }
     json_decref(res);
     return 0;
