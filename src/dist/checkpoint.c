@@ -264,6 +264,55 @@ static char *index_json(ct_fsdp_trainer *t, int N, bool replicated, const meta *
     return s;
 }
 
+/* Open OUT/<name> (rank 0 creates it first) without following a link there: a link or a
+ * file planted as OUT/checkpoint-<step> would send the save elsewhere. *fd is the directory;
+ * base is a path that reaches it through that descriptor (/proc/self/fd/N), so what the
+ * rank writes lands in the directory checked here, whatever is renamed meanwhile. */
+static ct_status open_step_dir(const char *out_dir, const char *name, bool create, int *fd,
+                               char base[PATH_CAP])
+{
+    *fd = -1;
+    int ofd = open(out_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (ofd < 0 && create && errno == ENOENT && mkdir(out_dir, 0777) == 0)
+        ofd = open(out_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (ofd < 0) return ct_error(CT_EIO, "checkpoint: open '%s': %s", out_dir, strerror(errno));
+    if (create && mkdirat(ofd, name, 0777) && errno != EEXIST) {
+        int e = errno;
+        close(ofd);
+        return ct_error(CT_EIO, "checkpoint: mkdir '%s/%s': %s", out_dir, name, strerror(e));
+    }
+    int dfd = openat(ofd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int e = errno;
+    struct stat ls;
+    bool link = dfd < 0 && fstatat(ofd, name, &ls, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(ls.st_mode);
+    close(ofd);
+    if (dfd < 0) {
+        if (link || e == ELOOP)
+            return ct_error(CT_EINVAL,
+                            "checkpoint: '%s/%s' is a symbolic link: refused (a save writes only "
+                            "into a directory it made; remove the link)",
+                            out_dir, name);
+        if (e == ENOTDIR)
+            return ct_error(CT_EINVAL, "checkpoint: '%s/%s' is not a directory: refused (remove it)",
+                            out_dir, name);
+        return ct_error(CT_EIO, "checkpoint: open '%s/%s': %s", out_dir, name, strerror(e));
+    }
+    struct stat a, b;
+    char proc[64];
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", dfd);
+    if (stat(proc, &b) == 0 && fstat(dfd, &a) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+        snprintf(base, PATH_CAP, "%s", proc);
+    } else { /* no /proc: the path (checked just now) */
+        ct_status s = path_join(base, out_dir, name);
+        if (s) {
+            close(dfd);
+            return s;
+        }
+    }
+    *fd = dfd;
+    return CT_OK;
+}
+
 ct_status ct_fsdp_trainer_save(ct_fsdp_trainer *t, const char *out_dir, size_t n_extra,
                                const char *const *keys, const char *const *values)
 {
@@ -278,35 +327,40 @@ ct_status ct_fsdp_trainer_save(ct_fsdp_trainer *t, const char *out_dir, size_t n
     CT_TRY(meta_make(t, "ctorch-gpt-shard", n_extra, keys, values, &md));
     ct_status s = CT_OK;
     double bad = 0;
+    int dfd = -1;
+    char shown[PATH_CAP]; /* the directory as the user knows it, for messages */
+    snprintf(shown, sizeof shown, "%s", dir);
     if (r == 0) {
-        if (mkdir(out_dir, 0777) && errno != EEXIST)
-            s = ct_error(CT_EIO, "checkpoint: mkdir '%s': %s", out_dir, strerror(errno));
-        if (!s && mkdir(dir, 0777) && errno != EEXIST)
-            s = ct_error(CT_EIO, "checkpoint: mkdir '%s': %s", dir, strerror(errno));
+        s = open_step_dir(out_dir, name, true, &dfd, dir);
         /* rewriting a step: it is not committed until written again */
-        if (!s && !(s = path_join(path, dir, COMMIT_NAME))) unlink(path);
+        if (!s) unlinkat(dfd, COMMIT_NAME, 0);
         if (s) bad = 1;
     }
     ct_status bs = barrier(t, &bad);
-    if (bs) {
+    if (bs || bad) {
         meta_free(&md);
-        return bs;
+        if (dfd >= 0) close(dfd);
+        return bs ? bs : s ? s : ct_error(CT_EIO, "checkpoint: rank 0 could not create '%s'", shown);
     }
-    if (bad) {
+    if (r != 0 && (s = open_step_dir(out_dir, name, false, &dfd, dir)) != CT_OK) bad = 1;
+    bs = barrier(t, &bad);
+    if (bs || bad) {
         meta_free(&md);
-        return s ? s : ct_error(CT_EIO, "checkpoint: rank 0 could not create '%s'", dir);
+        if (dfd >= 0) close(dfd);
+        return bs ? bs : s ? s : ct_error(CT_EIO, "checkpoint: a rank could not open '%s'", shown);
     }
     bad = 0;
     if (!replicated || r == 0) {
         shard_file_name(name, sizeof name, r, replicated ? 1 : N);
         if (!(s = path_join(path, dir, name))) s = write_shard(t, path, &md);
-        if (s) bad = 1;
+        if (s) s = ct_error_wrap(s, "checkpoint: writing %s/%s", shown, name), bad = 1;
     }
     char msg[512] = "";
     if (s) snprintf(msg, sizeof msg, "%s", ct_last_error());
     bs = barrier(t, &bad);
     if (bs || bad) {
         meta_free(&md);
+        close(dfd);
         if (bs) return bs;
         return s ? ct_error(s, "%s", msg)
                  : ct_error(CT_EIO, "checkpoint: another rank failed to write its shard");
@@ -317,10 +371,10 @@ ct_status ct_fsdp_trainer_save(ct_fsdp_trainer *t, const char *out_dir, size_t n
         if (!idx) s = ct_error(CT_ENOMEM, "checkpoint: index");
         if (!s && !(s = path_join(path, dir, INDEX_NAME))) s = write_atomic(path, idx);
         free(idx);
-        if (!s) sync_dir(dir);
+        if (!s) fsync(dfd);
         /* the commit marker, last */
         if (!s && !(s = path_join(path, dir, COMMIT_NAME))) s = write_atomic(path, name);
-        if (!s) sync_dir(dir);
+        if (!s) fsync(dfd);
         /* OUT/latest -> checkpoint-<step>, switched by rename */
         char lt[PATH_CAP], ln[PATH_CAP + 32], target[64];
         snprintf(target, sizeof target, "checkpoint-%lld", (long long)t->step);
@@ -337,6 +391,7 @@ ct_status ct_fsdp_trainer_save(ct_fsdp_trainer *t, const char *out_dir, size_t n
         if (s) bad = 1, snprintf(msg, sizeof msg, "%s", ct_last_error());
     }
     meta_free(&md);
+    close(dfd);
     bs = barrier(t, &bad);
     if (bs) return bs;
     if (bad) return s ? ct_error(s, "%s", msg) : ct_error(CT_EIO, "checkpoint: rank 0 could not commit");
