@@ -10,15 +10,15 @@ static const struct {
     bench_fn fn;
     const char *summary;
 } benches[] = {
-    {"gemm", bench_gemm, "OpenBLAS and ctorch GEMM (f32 / bf16) side by side, vs PyTorch torch.matmul"},
+    {"gemm", bench_gemm, "OpenBLAS and ctorch GEMM (f32 / bf16) side by side, vs PyTorch 2.13 torch.matmul"},
     {"io", bench_io, "safetensors open / read / bf16->f32 / save vs read(), memcpy, write()"},
     {"comm", bench_comm, "all_reduce / all_gather / reduce_scatter bus bandwidth and latency vs MPICH"},
-    {"lce", bench_lce, "fused linear cross-entropy vs unfused (ctorch and PyTorch), fwd+bwd"},
-    {"flex", bench_flex, "FlexAttention sliding window / causal vs dense SDPA, block-mask cost"},
+    {"lce", bench_lce, "fused linear cross-entropy vs unfused and PyTorch 2.13 (chunked, reference, unfused)"},
+    {"flex", bench_flex, "FlexAttention sliding window / causal vs dense SDPA and PyTorch 2.13's flex_attention"},
     {"compile", bench_compile, "compiled score/mask mods vs built-ins and torch, cold/warm compile, pool"},
     {"tokenizer", bench_tokenizer, "tokenizer encode MB/s (GPT-2, ctorch BPE) vs Hugging Face tokenizers"},
-    {"train", bench_train, "one training step: fused vs unfused head, flex window vs dense, vs PyTorch"},
-    {"fsdp", bench_fsdp, "training at N=1 and N=2 ranks: FSDP overlap on/off, DP, vs PyTorch DDP"},
+    {"train", bench_train, "one training step: fused vs unfused head, flex vs dense, vs PyTorch 2.13 (SDPA)"},
+    {"fsdp", bench_fsdp, "training at N=1 and N=2 ranks: FSDP overlap on/off, DP, vs PyTorch DDP / FSDP2"},
     {"hf", bench_hf, "open a multi-GiB sharded Hugging Face directory vs ct_load of its shards"},
     {"kernels", bench_kernels, "each kernel family per instruction set vs scalar and the copy / FMA bound"},
     {"generate", bench_generate, "decode with the KV cache vs recomputing the sequence, prompt/decode tok/s"},
@@ -71,7 +71,8 @@ int cmd_bench(int argc, char **argv)
 
 /* ---- gemm ------------------------------------------------------------------------------ */
 /* OpenBLAS and ctorch's GEMM on the same operands, f32 and bf16, interleaved repeat by repeat
- * (so load changes hit both alike), medians; PyTorch's torch.matmul on the first shape. */
+ * (so load changes hit both alike), medians; PyTorch 2.13's torch.matmul (f32 and bf16) on the
+ * first shape. */
 
 typedef struct {
     bool ta, tb;
@@ -167,7 +168,8 @@ int bench_gemm(bench_ctx *b, int argc, char **argv)
             puts("usage: ctorch bench gemm [--m M] [--n N] [--k K] [--train] [--json]\n"
                  "Times C[M,N] = A[M,K] B[K,N] with OpenBLAS (ctorch's deterministic blocks) and with\n"
                  "ctorch's own GEMM, f32 and bf16 operands, interleaved in the same run (medians), and\n"
-                 "PyTorch's torch.matmul on the same shape (bench/torch_baseline.py). --train adds the\n"
+                 "PyTorch 2.13's torch.matmul (f32, bf16) on the same shape (bench/torch_baseline.py,\n"
+                 "ctorch's thread count). --train adds the\n"
                  "training shapes of a GPT-2-small layer and small / skinny products. GFLOP/s and the\n"
                  "fraction of the FMA bound (threads x the 1-core FMA loop measured in the same run).");
             return 0;
@@ -247,22 +249,30 @@ int bench_gemm(bench_ctx *b, int argc, char **argv)
     snprintf(sn, sizeof sn, "%lld", n);
     snprintf(sk, sizeof sk, "%lld", k);
     snprintf(sr, sizeof sr, "%d", b->repeats);
-    char *pa[] = {"gemm", "--m", sm, "--n", sn, "--k", sk, "--repeats", sr, NULL};
+    char st[32];
+    snprintf(st, sizeof st, "%d", ct_num_threads());
+    char *pa[] = {"gemm", "--m", sm, "--n", sn, "--k", sk, "--repeats", sr, "--threads", st, NULL};
     json_t *torch = bench_python("torch_baseline.py", pa);
-    json_t *tg = json_object_get(torch, "gflops");
-    double torchg = tg ? json_real_value(tg) : 0;
+    double torchg = json_number_value(json_object_get(json_object_get(torch, "f32"), "gflops"));
+    double torchb = json_number_value(json_object_get(json_object_get(torch, "bf16"), "gflops"));
     double best = first[0] > first[1] ? first[0] : first[1];
+    double bestb = first[2] > first[3] ? first[2] : first[3];
+    /* "torch_f32" keeps its name; it holds both dtypes ("f32", "bf16") */
     json_t *j = json_pack("{s:s, s:o, s:s, s:{s:f, s:f}, s:o, s:o}", "bench", "gemm", "machine",
                           bench_machine_json(best), "gemm_default", ct_gemm_describe(), "fma_bound",
                           "gflops_1core", fma1, "gflops", bound, "shapes", rows, "torch_f32", torch);
     if (torchg > 0) json_object_set_new(j, "ratio_best_vs_torch", json_real(best / torchg));
+    if (torchb > 0) json_object_set_new(j, "ratio_best_vs_torch_bf16", json_real(bestb / torchb));
     if (b->json) {
         bench_print_json(j);
     } else if (torchg > 0) {
-        printf("  torch.matmul (f32) %lldx%lldx%lld: %.1f GFLOP/s (best ctorch path / torch = %.2f)\n", m, n, k,
-               torchg, best / torchg);
+        printf("  PyTorch %s torch.matmul %lldx%lldx%lld, %lld threads: f32 %.1f GFLOP/s (best ctorch path / torch = "
+               "%.2f), bf16 %.1f GFLOP/s (%.2f)\n",
+               json_string_value(json_object_get(torch, "torch_version")), m, n, k,
+               (long long)json_integer_value(json_object_get(torch, "threads")), torchg, best / torchg, torchb,
+               torchb > 0 ? bestb / torchb : 0);
     } else {
-        printf("  torch.matmul (f32): %s\n", json_string_value(json_object_get(torch, "status")));
+        printf("  torch.matmul: %s\n", json_string_value(json_object_get(torch, "status")));
     }
     json_decref(j);
     return 0;

@@ -1,7 +1,8 @@
 /* ctorch bench compile: the compile backend (docs/compile.md). Compiled mods against the
  * equivalent built-ins in FlexAttention forward + backward (causal ALiBi, causal softcap) at
- * --seq, the compiled mod against PyTorch 1.13's dense reference maths with the same function
- * (bench/torch_compile_baseline.py) at --torch-seq, cold compile time per kernel, warm load
+ * --seq, the compiled mod against PyTorch 2.13 at --torch-seq (bench/torch_compile_baseline.py:
+ * the dense reference maths with the same function, forward + backward, and
+ * torch.compile(flex_attention) with the same score_mod, forward; its CPU backward reported), cold compile time per kernel, warm load
  * from the disk cache, and 8 distinct mods compiled by the process pool vs one after another.
  * Every cache is a fresh temp dir, removed at the end. */
 #include "bench_util.h"
@@ -218,6 +219,7 @@ int bench_compile(bench_ctx *b, int argc, char **argv)
 {
     long long L = 8192, H = 1, E = 64, TL = 2048;
     int pool_threads = 0;
+    bool torch_compile = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         long long *dst = !strcmp(a, "--seq")         ? &L
@@ -227,13 +229,20 @@ int bench_compile(bench_ctx *b, int argc, char **argv)
                                                      : NULL;
         if (!strcmp(a, "--help")) {
             puts("usage: ctorch bench compile [--seq L (8192)] [--heads H (1)] [--head-dim E (64)]\n"
-                 "                            [--torch-seq L (2048)] [--threads N] [--json]\n"
+                 "                            [--torch-seq L (2048)] [--threads N] [--no-torch-compile]\n"
+                 "                            [--json]\n"
                  "Compiled score/mask mods vs the equivalent built-ins (causal ALiBi, causal\n"
-                 "softcap; flex forward + backward at --seq), vs PyTorch 1.13 dense reference\n"
-                 "maths with the same function (at --torch-seq), cold compile per kernel, warm\n"
+                 "softcap; flex forward + backward at --seq), vs PyTorch 2.13 at --torch-seq: the dense\n"
+                 "reference maths with the same function (forward + backward) and\n"
+                 "torch.compile(flex_attention) with that score_mod (forward; --no-torch-compile runs it\n"
+                 "eager), cold compile per kernel, warm\n"
                  "load from the cache, 8 mods by the pool (--threads, default the core count)\n"
                  "vs serial. Caches go to a temp dir.");
             return 0;
+        }
+        if (!strcmp(a, "--no-torch-compile")) {
+            torch_compile = false;
+            continue;
         }
         if (!strcmp(a, "--threads") && i + 1 < argc) {
             pool_threads = atoi(argv[++i]);
@@ -291,15 +300,22 @@ int bench_compile(bench_ctx *b, int argc, char **argv)
         bench_time tt;
         s = case_init(&t, H, TL, E, &cc);
         t.fo.score_mod = &ca;
+        bench_time tfw;
         if (!s) s = bench_time_fn(b->repeats, fwd_bwd, &t, &tt);
-        if (!s) ours = bench_time_json(&tt);
+        if (!s) s = bench_time_fn(b->repeats, fwd_only, &t, &tfw);
+        if (!s) {
+            ours = bench_time_json(&tt);
+            json_object_set_new(ours, "fwd", bench_time_json(&tfw));
+        }
         case_free(&t);
-        char sl[32], sh[32], se[32], sr[32];
+        char sl[32], sh[32], se[32], sr[32], st[32];
+        snprintf(st, sizeof st, "%d", ct_num_threads());
         snprintf(sl, sizeof sl, "%lld", TL);
         snprintf(sh, sizeof sh, "%lld", H);
         snprintf(se, sizeof se, "%lld", E);
         snprintf(sr, sizeof sr, "%d", b->repeats);
-        char *args[] = {"--seq", sl, "--heads", sh, "--head-dim", se, "--repeats", sr, NULL};
+        char *args[] = {"--seq", sl, "--heads", sh, "--head-dim", se, "--repeats", sr, "--threads", st,
+                        torch_compile ? NULL : "--no-compile", NULL};
         torchj = bench_python("torch_compile_baseline.py", args);
     }
 
@@ -390,12 +406,24 @@ int bench_compile(bench_ctx *b, int argc, char **argv)
             json_t *tv = json_object_get(j, "vs_torch_dense_alibi_causal");
             json_t *tj = json_object_get(tv, "torch");
             double ct = json_real_value(json_object_get(json_object_get(tv, "ctorch_compiled"), "median_s"));
-            if (json_object_get(tj, "median_s"))
-                printf("  vs PyTorch 1.13 dense reference, same function, L=%lld: ctorch %.3f s, "
+            if (json_object_get(tj, "median_s")) {
+                printf("  vs PyTorch %s dense reference, same function, L=%lld: ctorch %.3f s, "
                        "torch %.3f s (%.1fx)\n",
-                       TL, ct, json_real_value(json_object_get(tj, "median_s")),
-                       json_real_value(json_object_get(tj, "median_s")) / ct);
-            else
+                       json_string_value(json_object_get(tj, "torch_version")), TL, ct,
+                       json_number_value(json_object_get(tj, "median_s")),
+                       json_number_value(json_object_get(tj, "median_s")) / ct);
+                json_t *ff = json_object_get(tj, "flex_fwd");
+                double cf = json_number_value(
+                    json_object_get(json_object_get(json_object_get(tv, "ctorch_compiled"), "fwd"), "median_s"));
+                if (json_object_get(ff, "median_s"))
+                    printf("  vs PyTorch %s flex_attention (ALiBi score_mod, causal block mask), forward: ctorch "
+                           "%.4f s, torch %.4f s (%.1fx; its first call %.1f s); its backward: %s\n",
+                           json_string_value(json_object_get(ff, "mode")), cf,
+                           json_number_value(json_object_get(ff, "median_s")),
+                           json_number_value(json_object_get(ff, "median_s")) / cf,
+                           json_number_value(json_object_get(ff, "first_call_s")),
+                           json_string_value(json_object_get(json_object_get(tj, "flex_backward"), "status")));
+            } else
                 printf("  vs PyTorch dense reference at L=%lld: ctorch %.3f s, torch %s\n", TL, ct,
                        json_string_value(json_object_get(tj, "status")));
             printf("cold compile per kernel: median %.3f s; warm cache load: median %.2f ms (%lld "
