@@ -342,14 +342,29 @@ def load(path):
         return out, dict(f.metadata)
 
 
+# torch dtypes numpy lacks -> the safetensors dtype their bytes are saved as (the names
+# safetensors.torch uses; float4_e2m1fn_x2 holds two F4 values a byte, so its last dim doubles)
+_TORCH_RAW = {"float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "float8_e4m3fnuz": "F8_E4M3FNUZ",
+              "float8_e5m2fnuz": "F8_E5M2FNUZ", "float8_e8m0fnu": "F8_E8M0", "float4_e2m1fn_x2": "F4"}
+
+
 def _as_array(v):
-    """(ct_dtype or st name, contiguous-or-strided array, keepalive) for a numpy array or a torch
-    tensor."""
+    """(ct_dtype or None, array, (safetensors dtype, shape) or None) for a numpy array or a
+    torch tensor: bf16 goes as its bits with the ct_dtype, torch's float8 / float4 kinds as
+    their bytes with the safetensors dtype and shape."""
     if hasattr(v, "data_ptr"):  # torch
         import torch
         v = v.detach().cpu()
         if v.dtype == torch.bfloat16:
             return 3, v.contiguous().view(torch.int16).numpy().view(np.uint16), None
+        name = str(v.dtype).replace("torch.", "")
+        if name in _TORCH_RAW:
+            st = _TORCH_RAW[name]
+            shape = tuple(v.shape)
+            if st == "F4":
+                shape = shape[:-1] + (shape[-1] * 2,) if shape else (2,)
+            b = v.contiguous().view(torch.uint8).numpy()
+            return None, b, (st, shape)
         v = v.numpy()
     a = np.asarray(v)
     if a.dtype.byteorder == ">":
@@ -362,11 +377,11 @@ def _entries(tensors, keep, fn="ctorch.io.save"):
     bytes for dtypes ctorch has no ct_dtype for); what must outlive the call goes to keep."""
     entries = (_SaveEntry * max(1, len(tensors)))()
     for i, (name, v) in enumerate(tensors.items()):
-        forced, a, _ = _as_array(v)
+        forced, a, raw = _as_array(v)
         e = entries[i]
         e.name = name.encode()
         keep.append(e.name)
-        ct = forced if forced is not None else _NP_CT.get(a.dtype)
+        ct = forced if forced is not None else (None if raw else _NP_CT.get(a.dtype))
         if ct is not None and a.ndim <= MAX_DIMS:
             isz = a.itemsize
             if any(s < 0 or s % isz for s in a.strides):
@@ -380,14 +395,15 @@ def _entries(tensors, keep, fn="ctorch.io.save"):
             keep += [a, t]
             e.tensor = ctypes.pointer(t)
         else:
-            st = _NP_RAW.get(a.dtype) or {np.dtype(k): n for n, k in NUMPY.items()}.get(a.dtype)
+            st = raw[0] if raw else (_NP_RAW.get(a.dtype) or {np.dtype(k): n for n, k in NUMPY.items()}.get(a.dtype))
             if st is None:
                 raise TypeError(f"{fn}: tensor {name!r} has dtype {a.dtype}, which "
                                 "safetensors cannot hold")
             a = np.ascontiguousarray(a)
-            shape = (ctypes.c_int64 * max(1, a.ndim))(*a.shape)
+            dims = raw[1] if raw else a.shape
+            shape = (ctypes.c_int64 * max(1, len(dims)))(*dims)
             keep += [a, shape]
-            e.st_dtype, e.ndim = ST_DTYPES.index(st), a.ndim
+            e.st_dtype, e.ndim = ST_DTYPES.index(st), len(dims)
             e.shape = ctypes.cast(shape, _i64p)
             e.data = a.ctypes.data if a.size else None
     return entries

@@ -147,7 +147,7 @@ float ct_f8e4m3_to_f32(uint8_t b)
 uint8_t ct_f32_to_f8e5m2(float x)
 {
     uint8_t sign = signbit(x) ? 0x80 : 0;
-    if (isnan(x)) return sign | 0x7E;
+    if (isnan(x)) return sign | 0x7F; /* PyTorch's NaN (0x7E is one too, but not its bits) */
     float a = fabsf(x);
     if (isinf(a)) return sign | 0x7C;
     if (a == 0.0f) return sign;
