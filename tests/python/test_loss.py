@@ -1,6 +1,9 @@
-"""Fused linear cross-entropy and cross-entropy against PyTorch 1.13 (F.linear +
-F.cross_entropy), forward and every gradient, for every option and combination. z-loss
-and softcap have no PyTorch argument: their reference is written in torch maths."""
+"""Fused linear cross-entropy and cross-entropy against PyTorch 2.13's own ops
+(F.linear_cross_entropy, with and without nn.LinearCrossEntropyOptions (chunked),
+nn.LinearCrossEntropyLoss, F.cross_entropy), forward and every gradient, for every option and
+combination. z-loss and softcap have no PyTorch argument: with them the reference is
+F.cross_entropy on the capped logits plus the z term in torch maths."""
+import inspect
 import itertools
 
 import pytest
@@ -15,18 +18,26 @@ torch.manual_seed(0)
 
 def reference(h, w, y, b=None, weight=None, reduction="mean", ignore_index=-100, label_smoothing=0.0,
               z_loss=0.0, softcap=None):
-    logits = F.linear(h.double(), w.double(), None if b is None else b.double())
+    """PyTorch's F.linear_cross_entropy in float64; with softcap or z_loss (no PyTorch op), the
+    logits, F.cross_entropy and the z term."""
+    h64, w64 = h.double(), w.double()
+    b64 = None if b is None else b.double()
+    cw = None if weight is None else weight.double()
+    if not softcap and not z_loss:
+        return F.linear_cross_entropy(h64, w64, y, linear_bias=b64, weight=cw, reduction=reduction,
+                                      ignore_index=ignore_index, label_smoothing=label_smoothing)
+    logits = F.linear(h64, w64, b64)
     if softcap:
         logits = softcap * torch.tanh(logits / softcap)
-    loss = F.cross_entropy(logits, y, weight=None if weight is None else weight.double(), reduction=reduction,
-                           ignore_index=ignore_index, label_smoothing=label_smoothing)
+    loss = F.cross_entropy(logits, y, weight=cw, reduction=reduction, ignore_index=ignore_index,
+                           label_smoothing=label_smoothing)
     if z_loss:
         valid = y != ignore_index
         z = z_loss * torch.logsumexp(logits, -1) ** 2 * valid
         if reduction == "none":
             loss = loss + z
         else:
-            den = valid.sum() if weight is None else weight.double()[y[valid]].sum()
+            den = valid.sum() if weight is None else cw[y[valid]].sum()
             loss = loss + (z.sum() / den if reduction == "mean" else z.sum())
     return loss
 
@@ -81,25 +92,74 @@ def test_small_scratch_budget_same_result():
         torch.testing.assert_close(x, z, rtol=1e-5, atol=1e-7)
 
 
-def test_drop_in_for_pytorch_names_and_module():
-    h, w, _, y = make()
-    want = F.cross_entropy(F.linear(h, w), y, label_smoothing=0.05)
-    loss_fn = ct.LinearCrossEntropyLoss(label_smoothing=0.05)
-    torch.testing.assert_close(loss_fn(h, w, y), want, rtol=1e-5, atol=1e-6)
-    # batched input [B, T, D] with target [B, T]
-    h3 = torch.randn(2, 5, 17, requires_grad=True)
-    y3 = torch.randint(0, 61, (2, 5))
-    got = ct.linear_cross_entropy(h3, w, y3)
-    torch.testing.assert_close(got, F.cross_entropy(F.linear(h3, w).reshape(-1, 61), y3.reshape(-1)),
-                               rtol=1e-5, atol=1e-6)
-    got.backward()
-    assert h3.grad.shape == h3.shape
+def test_signature_is_pytorchs():
+    """Every parameter of F.linear_cross_entropy and nn.LinearCrossEntropyLoss is accepted by
+    name, with the same kind and default (ctorch's extras come after them)."""
+    for theirs, ours in ((F.linear_cross_entropy, ct.linear_cross_entropy),
+                         (torch.nn.LinearCrossEntropyLoss.__init__, ct.LinearCrossEntropyLoss.__init__),
+                         (torch.nn.LinearCrossEntropyLoss.forward, ct.LinearCrossEntropyLoss.forward)):
+        tp, op = inspect.signature(theirs).parameters, inspect.signature(ours).parameters
+        assert list(op)[:len(tp)] == list(tp), (list(op), list(tp))
+        for name, p in tp.items():
+            assert op[name].kind == p.kind and op[name].default == p.default, name
+
+
+@pytest.mark.parametrize("options", [None, "default", "chunk5", "aspect"])
+def test_drop_in_with_options(options):
+    """F.linear_cross_entropy with LinearCrossEntropyOptions (PyTorch's chunked path) and without:
+    ctorch takes the same call and gives the same loss and gradients."""
+    opts = {None: None, "default": torch.nn.LinearCrossEntropyOptions(),
+            "chunk5": torch.nn.LinearCrossEntropyOptions(batch_chunk_size=5, chunking_method=None),
+            "aspect": torch.nn.LinearCrossEntropyOptions(chunking_method="aspect_ratio:2",
+                                                         acc_policy="accurate")}[options]
+    h, w, b, y = make(N=40, D=16, V=300, bias=True)
+    cw = torch.rand(300) + 0.5
+    y5 = torch.where(y == -100, 5, y)
+    # (label smoothing makes PyTorch leave its chunked path, with a warning: test_matches_torch has it)
+    for t, kw in ((y, dict()), (y, dict(weight=cw, reduction="sum")),
+                  (y5, dict(ignore_index=5, reduction="none"))):
+        args = dict(linear_bias=b, options=opts, **kw)
+        want = F.linear_cross_entropy(h, w, t, **args)
+        got = ct.linear_cross_entropy(h, w, t, **args)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        up = torch.rand(want.shape) + 0.5
+        for a, r in zip(grads(got, [h, w, b], up), grads(want, [h, w, b], up)):
+            torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-6)
+
+
+def test_module_is_nn_linear_cross_entropy_loss():
+    """ct.LinearCrossEntropyLoss: nn.LinearCrossEntropyLoss's constructor, parameters,
+    state_dict and forward(input, target); the same loss and gradients after loading torch's
+    weights."""
+    torch.manual_seed(3)
+    cw = torch.rand(61) + 0.5
+    for kw in (dict(), dict(bias=True, label_smoothing=0.05, weight=cw, ignore_index=7),
+               dict(bias=True, reduction="none", options=torch.nn.LinearCrossEntropyOptions(batch_chunk_size=4))):
+        theirs = torch.nn.LinearCrossEntropyLoss(17, 61, **kw)
+        ours = ct.LinearCrossEntropyLoss(17, 61, **kw)
+        assert list(ours.state_dict()) == list(theirs.state_dict())
+        ours.load_state_dict(theirs.state_dict())
+        h = torch.randn(2, 5, 17, requires_grad=True)  # batched input [B, T, D], target [B, T]
+        y = torch.randint(0, 61, (2, 5))
+        y[0, 1] = 7
+        want, got = theirs(h.reshape(-1, 17), y.reshape(-1)), ours(h, y)
+        torch.testing.assert_close(got.reshape(want.shape), want, rtol=1e-5, atol=1e-6)
+        up = torch.rand(want.shape)
+        gw = torch.autograd.grad(want, [h] + list(theirs.parameters()), up)
+        go = torch.autograd.grad(got, [h] + list(ours.parameters()), up.reshape(got.shape))
+        for a, r in zip(go, gw):
+            torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-6)
+    with pytest.raises(NotImplementedError):
+        ct.LinearCrossEntropyLoss(17, 61, out_features=(2,))
+    with pytest.raises(RuntimeError):
+        ct.LinearCrossEntropyLoss(17, 61, weight=torch.ones(3))
 
 
 def test_bf16_inputs():
     h, w, _, y = make(dtype=torch.bfloat16)
     got = ct.linear_cross_entropy(h, w, y)
-    want = F.cross_entropy(F.linear(h.float(), w.float()), y)
+    want = F.linear_cross_entropy(h.float(), w.float(), y)
     assert got.dtype == torch.bfloat16  # returned in the input's dtype, like PyTorch
     torch.testing.assert_close(got.float(), want, rtol=8e-3, atol=1e-4)
     gh, gw = torch.autograd.grad(got, [h, w])
@@ -114,14 +174,14 @@ def test_int32_targets_and_ignore_index():
     y2 = y.clone()
     y2[y2 == -100] = 5
     got = ct.linear_cross_entropy(h, w, y2.int(), ignore_index=5)
-    torch.testing.assert_close(got, F.cross_entropy(F.linear(h, w), y2, ignore_index=5), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got, F.linear_cross_entropy(h, w, y2, ignore_index=5), rtol=1e-5, atol=1e-6)
 
 
 def test_all_ignored_mean_is_nan_and_grad_zero():
     h, w, _, y = make()
     y[:] = -100
     got = ct.linear_cross_entropy(h, w, y)
-    assert torch.isnan(got) and torch.isnan(F.cross_entropy(F.linear(h, w), y))
+    assert torch.isnan(got) and torch.isnan(F.linear_cross_entropy(h, w, y))
     s = ct.linear_cross_entropy(h, w, y, reduction="sum")
     s.backward()
     assert s.item() == 0 and not h.grad.any() and not w.grad.any()
@@ -144,7 +204,7 @@ def test_weight_tying_accumulates():
     loss.backward()
     g = emb.weight.grad.clone()
     emb.weight.grad = None
-    ref = F.cross_entropy(F.linear(emb(ids), emb.weight), y)
+    ref = F.linear_cross_entropy(emb(ids), emb.weight, y)
     ref.backward()
     torch.testing.assert_close(g, emb.weight.grad, rtol=1e-4, atol=1e-6)
 
