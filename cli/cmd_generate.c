@@ -318,7 +318,7 @@ int cmd_generate(int argc, char **argv)
             }
             ids = bigger;
         }
-        memcpy(ids, p, (size_t)np * sizeof *ids);
+        if (np) memcpy(ids, p, (size_t)np * sizeof *ids); /* none: p may be NULL */
         n = np;
         ct_free(p);
         for (int64_t i = 0; i < n; i++)

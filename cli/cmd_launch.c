@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -165,6 +166,21 @@ static void signal_group(rank_proc *p, int sig)
     if (kill(-p->pid, sig) != 0 && errno == ESRCH) p->group = 0;
 }
 
+/* A number of seconds for a launch option: finite, > 0 (or >= 0 where zero_ok); a value
+ * outside that is named with the rule. */
+static bool seconds_opt(const char *opt, const char *val, bool zero_ok, double *out)
+{
+    double x;
+    if (!cli_float(opt, val, &x)) return false;
+    if (!isfinite(x) || x < 0 || (x == 0 && !zero_ok)) {
+        fprintf(stderr, "ctorch launch: %s %s: seconds %s expected (a finite number)\n", opt, val,
+                zero_ok ? ">= 0" : "> 0");
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
 static void launch_usage(FILE *f)
 {
     fputs("usage: ctorch launch --nproc N [--timeout S] [--elastic] [--grace S] [--max-time S]\n"
@@ -279,11 +295,11 @@ int cmd_launch(int argc, char **argv)
         if (cli_opt(argc, argv, &i, "--nproc", &v)) {
             if (!cli_int("--nproc", v, 1, 1024, &nproc)) return 2;
         } else if (cli_opt(argc, argv, &i, "--timeout", &v)) {
-            if (!cli_float("--timeout", v, &timeout) || !(timeout > 0)) return 2;
+            if (!seconds_opt("--timeout", v, false, &timeout)) return 2;
         } else if (cli_opt(argc, argv, &i, "--grace", &v)) {
-            if (!cli_float("--grace", v, &grace) || grace < 0) return 2;
+            if (!seconds_opt("--grace", v, true, &grace)) return 2;
         } else if (cli_opt(argc, argv, &i, "--max-time", &v)) {
-            if (!cli_float("--max-time", v, &max_time) || !(max_time > 0)) return 2;
+            if (!seconds_opt("--max-time", v, false, &max_time)) return 2;
         } else if (cli_opt(argc, argv, &i, "--master-addr", &v)) {
             addr = v;
         } else if (cli_opt(argc, argv, &i, "--master-port", &v)) {

@@ -248,3 +248,30 @@ def test_sharded_resume_checks_before_building_the_model(tmp_path, lie):
     assert rc == 1, err
     assert rss < RSS_BOUND, f"peak RSS {rss >> 20} MiB"
     assert ("as the configuration has it" if lie == "config-only" else "tok_embeddings.weight") in err, err
+
+
+# ---- issue 20: launch's second options, an empty --prompt-ids --------------------------------
+
+@pytest.mark.parametrize("opt, value, rule", [
+    ("--grace", "-1", ">= 0"), ("--grace", "inf", ">= 0"), ("--timeout", "-1", "> 0"),
+    ("--timeout", "nan", "> 0"), ("--timeout", "0", "> 0"), ("--max-time", "-5", "> 0"),
+    ("--max-time", "nan", "> 0")])
+def test_launch_seconds_out_of_range_are_named(opt, value, rule):
+    """These exited 2 without a word: the message names the flag, the value and the rule."""
+    rc, out, err, _ = run("launch", "--nproc", 1, opt, value, "--", "true")
+    assert rc == 2
+    assert f"{opt} {value}" in err and f"seconds {rule} expected" in err, err
+
+
+def test_generate_empty_prompt_ids_is_the_empty_prompt(tmp_path):
+    """An empty --prompt-ids (no ids at all) passed NULL to memcpy (undefined behaviour, caught
+    by the sanitised build's test_cli_generate_ids); it is the empty prompt: the model's
+    start token, then the same tokens as --prompt ''."""
+    ctorch_ok("train", *TINY, "--steps", 1, "--quiet", "--out", tmp_path)
+    ck = tmp_path / "checkpoint.safetensors"
+    base = ("generate", "--model", ck, "--max-new-tokens", 6, "--greedy", "--ignore-eos", "--json")
+    want = json.loads(ctorch_ok(*base, "--prompt", "")[0])
+    for ids in ("", " ", " , "):
+        got = json.loads(ctorch_ok(*base, "--prompt-ids", ids)[0])
+        assert got["prompt_ids"] == want["prompt_ids"] and len(got["prompt_ids"]) == 1, (ids, got)
+        assert got["new_ids"] == want["new_ids"] and len(got["new_ids"]) == 6, (ids, got)
