@@ -542,6 +542,16 @@ static void check_cache(void)
     oo.cc = fake;
     CHECK_STATUS(ct_mask_mod_compile("q != kv + 7", NULL, 0, &oo, &m), CT_EINTERNAL);
     CHECK(strstr(ct_last_error(), "boom") && strstr(ct_last_error(), ">    5 |"));
+    /* a compiler that fails without an error in the generated source (it could not write its
+     * output, say): not called a bug; the message names the cache dir and what to check */
+    snprintf(fake, sizeof fake, "%s/fullcc", g_dir);
+    write_script(fake, "for a; do case $a in *.c) echo 'ld: cannot open output file x.so: No space "
+                       "left on device'; exit 1;; esac; done\necho full 1.0");
+    oo = o;
+    oo.cc = fake;
+    CHECK_STATUS(ct_mask_mod_compile("q != kv + 9", NULL, 0, &oo, &m), CT_EIO);
+    CHECK(strstr(ct_last_error(), "No space left") && !strstr(ct_last_error(), "a bug") &&
+          strstr(ct_last_error(), dir) && strstr(ct_last_error(), "CT_CACHE_DIR"));
     /* a deadline */
     snprintf(fake, sizeof fake, "%s/slowcc", g_dir);
     write_script(fake, "for a; do case $a in *.c) exec sleep 30;; esac; done\necho slow 1.0");
