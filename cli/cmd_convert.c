@@ -514,18 +514,52 @@ static int write_file(const char *dir, const char *name, const char *data, size_
     return ok ? 0 : 1;
 }
 
-/* Does config.json text describe s's model (as ctorch reads it)? */
-static bool config_matches(const char *text, const model_src *s)
+/* The first setting in which two configurations describe different models (NULL: none):
+ * init_std and a head_dim of 0 (d_model / n_head) do not change a trained model. */
+static const char *config_diff(const ct_gpt_config *a, const ct_gpt_config *b)
+{
+#define CT_DIFF(f)                                                                                \
+    if (a->f != b->f) return #f
+    CT_DIFF(vocab_size);
+    CT_DIFF(context);
+    CT_DIFF(n_layer);
+    CT_DIFF(d_model);
+    CT_DIFF(n_head);
+    CT_DIFF(n_kv_head);
+    CT_DIFF(d_ff);
+    CT_DIFF(rope_base);
+    CT_DIFF(window);
+    CT_DIFF(tied);
+    CT_DIFF(norm_eps);
+    CT_DIFF(qkv_bias);
+    CT_DIFF(o_bias);
+    CT_DIFF(rope_scaling);
+    if (ct_gpt_head_dim(a) != ct_gpt_head_dim(b)) return "head_dim";
+    if (a->rope_scaling != CT_ROPE_SCALING_NONE) CT_DIFF(rope_factor);
+    if (a->rope_scaling == CT_ROPE_SCALING_LLAMA3) {
+        CT_DIFF(rope_low_freq_factor);
+        CT_DIFF(rope_high_freq_factor);
+        CT_DIFF(rope_original_context);
+    }
+#undef CT_DIFF
+    if (strcmp(a->score_mod, b->score_mod)) return "score_mod";
+    if (strcmp(a->mask_mod, b->mask_mod)) return "mask_mod";
+    return NULL;
+}
+
+/* Does config.json text describe s's model (as ctorch reads it)? If not, *why says how: the
+ * parser's error or the first setting that differs. */
+static bool config_matches(const char *text, const model_src *s, char *why, size_t n)
 {
     ct_gpt_config c;
     ct_hf_info info;
-    char *a = NULL, *b = NULL;
-    bool same = ct_hf_config_parse(text, strlen(text), &c, &info) == CT_OK &&
-                ct_gpt_config_to_json(&c, &a) == CT_OK &&
-                ct_gpt_config_to_json(&s->cfg, &b) == CT_OK && !strcmp(a, b);
-    ct_free(a);
-    ct_free(b);
-    return same;
+    if (ct_hf_config_parse(text, strlen(text), &c, &info) != CT_OK) {
+        snprintf(why, n, "%s", ct_last_error());
+        return false;
+    }
+    const char *d = config_diff(&c, &s->cfg);
+    if (d) snprintf(why, n, "it has another \"%s\" than the model's configuration", d);
+    return !d;
 }
 
 /* config.json of a checkpoint that came from a HF directory: its "hf_config" as it was (only
@@ -549,14 +583,18 @@ static int restore_config(const char *dir, const model_src *s)
         return 1;
     }
     char *out = NULL;
+    char why[512] = "";
     if (old) {
-        json_object_del(old, "dtype");
-        json_object_set(old, "torch_dtype", json_object_get(gen, "torch_dtype"));
+        /* the saved dtype, under the key the source used ("dtype" in transformers 5) */
+        bool new_key = json_object_get(old, "dtype") && !json_object_get(old, "torch_dtype");
+        json_object_set(old, new_key ? "dtype" : "torch_dtype", json_object_get(gen, "torch_dtype"));
         out = json_dumps(old, JSON_INDENT(2) | JSON_REAL_PRECISION(15));
-        if (out && !config_matches(out, s)) {
+        if (out && !config_matches(out, s, why, sizeof why)) {
             free(out);
             const char *key;
             json_t *v;
+            json_object_del(old, "rope_parameters"); /* gen's rope_theta / rope_scaling rule */
+            json_object_del(old, "dtype");
             json_object_foreach(gen, key, v)
             {
                 if (strcmp(key, "architectures") && strcmp(key, "model_type"))
@@ -565,23 +603,33 @@ static int restore_config(const char *dir, const model_src *s)
             out = json_dumps(old, JSON_INDENT(2) | JSON_REAL_PRECISION(15));
         }
     } else {
+        int32_t bos = -1, eos = -1;
         if (s->tok) {
-            int32_t bos = ct_tokenizer_bos(s->tok), eos = ct_tokenizer_eos(s->tok);
-            if (bos >= 0 && bos < s->cfg.vocab_size)
-                json_object_set_new(gen, "bos_token_id", json_integer(bos));
-            if (eos >= 0 && eos < s->cfg.vocab_size)
-                json_object_set_new(gen, "eos_token_id", json_integer(eos));
+            bos = ct_tokenizer_bos(s->tok);
+            eos = ct_tokenizer_eos(s->tok);
+        } else if (s->f && !s->pt) { /* a trainer checkpoint: the EOS it trained with */
+            const char *tr = ct_tensor_file_metadata_get(s->f, "train");
+            json_t *t = tr ? json_loads(tr, 0, NULL) : NULL;
+            json_t *e = json_object_get(t, "eos_token");
+            if (json_is_integer(e) && json_integer_value(e) >= 0 &&
+                json_integer_value(e) < INT32_MAX)
+                eos = (int32_t)json_integer_value(e);
+            json_decref(t);
         }
+        if (bos >= 0 && bos < s->cfg.vocab_size)
+            json_object_set_new(gen, "bos_token_id", json_integer(bos));
+        if (eos >= 0 && eos < s->cfg.vocab_size)
+            json_object_set_new(gen, "eos_token_id", json_integer(eos));
         out = json_dumps(gen, JSON_INDENT(2) | JSON_REAL_PRECISION(15));
     }
     json_decref(gen);
     json_decref(old);
     if (!out) return cli_fail("convert", CT_ENOMEM);
     /* what comes back must still be a configuration ctorch reads as this model */
-    if (!config_matches(out, s)) {
-        fprintf(stderr, "ctorch convert: config.json from the checkpoint's \"hf_config\" "
-                        "describes another model than its \"config\": %s\n",
-                        ct_last_error());
+    if (!config_matches(out, s, why, sizeof why)) {
+        fprintf(stderr, "ctorch convert: the config.json written for the checkpoint describes "
+                        "another model than its \"config\": %s\n",
+                        why);
         free(out);
         return 1;
     }

@@ -347,7 +347,11 @@ static bool harmless(const char *key, const json_t *v)
                                   "megatron_core", "runtime_config",  "eva_config",
                                   "corda_config",  "trainable_token_indices", "target_parameters",
                                   "qalora_group_size", "use_qalora", "lora_bias",
-                                  "fan_in_fan_out", "use_dora"};
+                                  "fan_in_fan_out", "use_dora",
+                                  /* peft 0.21's variants, off */
+                                  "alora_invocation_tokens", "arrow_config", "ensure_weight_tying",
+                                  "kasa_config", "lora_ga_config", "monteclora_config",
+                                  "use_bdlora", "velora_config"};
     for (size_t i = 0; i < sizeof empty / sizeof empty[0]; i++)
         if (!strcmp(key, empty[i]))
             return json_is_null(v) || json_is_false(v) ||

@@ -1,7 +1,9 @@
-"""`ctorch convert` of models: a Hugging Face Llama-family directory <-> a ctorch checkpoint
-(dtypes kept or --dtype, shards, config.json and the tokenizer carried), and --merge-lora
-(a PEFT adapter folded into its base: PEFT's maths W + alpha / r B A in torch), each output
-written atomically; the converted models against the reference maths of hf_reference.py."""
+"""`ctorch convert` of models: a Hugging Face Llama-family directory (save_pretrained of
+transformers 5.25) <-> a ctorch checkpoint (dtypes kept or --dtype, shards, config.json and the
+tokenizer carried), a checkpoint `ctorch train` made from scratch -> a directory, and
+--merge-lora (an adapter peft 0.21 saved, folded into its base), each output written
+atomically; the converted models against transformers (from_pretrained of the source, and of
+every directory ctorch writes) and peft's merge_and_unload."""
 import json
 import os
 import sys
@@ -31,7 +33,8 @@ ST = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
 
 @pytest.mark.parametrize("name,dtype,shards", [
     ("llama", torch.float32, 1), ("llama-llama3-rope", torch.bfloat16, 3),
-    ("llama-linear-rope-bias", torch.float16, 2), ("qwen2", torch.bfloat16, 1)])
+    ("llama-linear-rope-bias", torch.float16, 2), ("qwen2", torch.bfloat16, 1),
+    ("mistral", torch.float32, 2)])
 def test_hf_directory_to_checkpoint_and_back(tmp_path, name, dtype, shards):
     cfg = CONFIGS[name]
     w = ref.random_weights(cfg, seed=7)
@@ -51,15 +54,18 @@ def test_hf_directory_to_checkpoint_and_back(tmp_path, name, dtype, shards):
             assert f.info(k)["dtype"].upper() == ST[dtype], (k, f.info(k)["dtype"])
             got = torch.from_numpy(f.to(k, "f32").copy())
             assert torch.equal(got, v.to(torch.float32)), k
-    # it computes what the reference computes on the stored weights
+    # it computes what transformers computes on the stored weights
     ids = tokens(cfg, 2, 11, 3)
-    wr = {k: v.detach().to(dtype).to(torch.float32) for k, v in w.items()}
-    ok, err = rel_close(models.load(ck).forward(ids), ref.forward(cfg, wr, ids).detach())
+    hm = ref.load(src)
+    want = ref.logits(hm, ids)
+    ok, err = rel_close(models.load(ck).forward(ids), want)
     assert ok, err
-    # generation from the checkpoint is the directory's (EOS from its config.json, ids in/out)
+    # generation from the checkpoint is the directory's (EOS from its config.json, ids in/out),
+    # and transformers' generate(do_sample=False)
     g = [json.loads(run("generate", "--model", m, "--prompt-ids", "3 5 7", "--greedy",
-                        "--max-new-tokens", 6, "--json").stdout) for m in (src, ck)]
+                        "--max-new-tokens", 6, "--json", "--ignore-eos").stdout) for m in (src, ck)]
     assert g[0]["new_ids"] == g[1]["new_ids"] and g[0]["prompt_ids"] == [3, 5, 7]
+    assert g[0]["new_ids"] == ref.greedy(hm, torch.tensor([[3, 5, 7]]), 6)[0, 3:].tolist()
     assert models.load(ck).eos_token_id == 2 and models.load(ck).bos_token_id == 1
     # and back: the same layout, names, dtypes, shards, bytes and config.json
     back = tmp_path / "back"
@@ -69,6 +75,8 @@ def test_hf_directory_to_checkpoint_and_back(tmp_path, name, dtype, shards):
     assert a == b
     assert set(fb.values()) == {"model.safetensors"}  # a checkpoint holds no shard layout
     assert json.load(open(back / "config.json")) == json.load(open(src / "config.json"))
+    ok, err = rel_close(ref.logits(ref.load(back), ids), want)  # transformers reads it back
+    assert ok, err
     # a directory to a directory keeps the shards and the side files
     again = tmp_path / "again"
     run("convert", src, again)
@@ -98,7 +106,8 @@ def test_dtype_option_and_tokenizer(tmp_path):
     t, _ = read_dir(out)
     assert {v[0] for v in t.values()} == {"F16"}
     c = json.load(open(out / "config.json"))
-    assert c["torch_dtype"] == "float16" and c["bos_token_id"] == 1 and c["eos_token_id"] == 2
+    assert c["dtype"] == "float16" and c["bos_token_id"] == 1 and c["eos_token_id"] == 2
+    assert "torch_dtype" not in c  # the key transformers 5.25 wrote in the source
     assert json.load(open(out / "tokenizer.json")) == json.load(open(src / "tokenizer.json"))
     # the converted model generates through its tokenizer as the source does
     g1 = run("generate", "--model", src, "--prompt", "the quick", "--greedy", "--max-new-tokens", 5, "--json", "--ignore-eos")
@@ -107,30 +116,28 @@ def test_dtype_option_and_tokenizer(tmp_path):
 
 
 def test_merge_lora(tmp_path):
+    """An adapter peft saved (get_peft_model + save_pretrained, random nonzero lora_B) folded
+    into its base by `ctorch convert --merge-lora`: peft's merge_and_unload logits."""
     cfg = CONFIGS["llama-llama3-rope"]
     w = ref.random_weights(cfg, seed=4)
     base = tmp_path / "base"
     ref.save_hf(base, cfg, w, dtype=torch.float32, shards=2)
-    m = models.Model(ref.ctorch_config(cfg))
-    m.set_weights(ref.to_ctorch(cfg, w))
-    lora = models.Lora(m, rank=2, alpha=6.0, targets="q,v,gate,up,down")
-    g = torch.Generator().manual_seed(9)
-    lora.set_weights({k: torch.randn(v.shape, generator=g) * 0.1 for k, v in lora.state_dict().items()})
+    pm = ref.peft_model(ref.hf_model(cfg, w), rank=2, alpha=6, targets="q,v,gate,up,down", seed=9, std=0.1)
+    pm.peft_config["default"].base_model_name_or_path = str(base)
     ad = tmp_path / "adapter"
-    lora.save(ad, base_model=str(base))
-    # PEFT's maths: W + alpha / r B A
-    sd = lora.state_dict()
-    merged = {k: v.clone() for k, v in w.items()}
-    for k in list(merged):
-        a = f"base_model.model.{k[:-len('.weight')]}.lora_A.weight"
-        if a in sd:
-            merged[k] = merged[k] + 3.0 * sd[a.replace("lora_A", "lora_B")] @ sd[a]
+    pm.save_pretrained(str(ad))
+    assert json.load(open(ad / "adapter_config.json"))["peft_version"] == "0.21.2"
     ids = tokens(cfg, 2, 9, 5)
-    want = ref.forward(cfg, merged, ids).detach()
+    unmerged = ref.logits(pm, ids)
+    merged_model = pm.merge_and_unload()
+    want = ref.logits(merged_model, ids)
+    assert rel_close(unmerged, want, 1e-5)[0]
     out = tmp_path / "merged"
     r = run("convert", base, out, "--merge-lora", ad)
     assert "10 LoRA adapters" in r.stdout
     ok, err = rel_close(models.load(out).forward(ids), want)
+    assert ok, err
+    ok, err = rel_close(ref.logits(ref.load(out), ids), want)  # and in transformers
     assert ok, err
     t, files = read_dir(out)
     assert set(files.values()) == set(read_dir(base)[1].values())  # the base's shards
@@ -139,11 +146,12 @@ def test_merge_lora(tmp_path):
     run("convert", ad, ck, "--merge-lora")
     ok, err = rel_close(models.load(ck).forward(ids), want)
     assert ok, err
-    # a checkpoint base, --merge-lora first
+    # a checkpoint base, --merge-lora first: merged twice, W + 2 s B A
     ck2 = tmp_path / "merged2.safetensors"
-    run("convert", "--merge-lora", ad, ck, ck2)  # merged twice: W + 2 s B A
-    twice = {k: v + (merged[k] - w[k]) for k, v in merged.items()}
-    ok, err = rel_close(models.load(ck2).forward(ids), ref.forward(cfg, twice, ids).detach())
+    run("convert", "--merge-lora", ad, ck, ck2)
+    msd = merged_model.state_dict()
+    twice = {k: msd[k] + (msd[k] - v) for k, v in w.items()}
+    ok, err = rel_close(models.load(ck2).forward(ids), ref.logits(ref.hf_model(cfg, twice), ids))
     assert ok, err
 
 
@@ -187,13 +195,6 @@ def test_model_conversions_are_atomic_and_refuse_bad_input(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["ad", "full", "plain.safetensors", "src"]
 
 
-def greedy_reference(cfg, w, ids, n):
-    ids = torch.tensor([ids])
-    for _ in range(n):
-        ids = torch.cat((ids, ref.forward(cfg, w, ids)[:, -1].argmax(-1, keepdim=True)), 1)
-    return ids[0].tolist()
-
-
 def test_pt_state_dict_generates_and_converts(tmp_path):
     """`ctorch generate --model FILE.pt` and `ctorch convert FILE.pt DIR`: a torch.save state
     dict with its config inside, or pytorch_model.bin beside config.json (HF names, bf16)."""
@@ -201,7 +202,7 @@ def test_pt_state_dict_generates_and_converts(tmp_path):
     w = ref.random_weights(cfg, seed=12)
     p = tmp_path / "ck.pt"
     torch.save({"config": cfg, "model": {k: v.detach() for k, v in w.items()}}, p)
-    want = greedy_reference(cfg, w, [3, 5, 7], 6)
+    want = ref.greedy(ref.hf_model(cfg, w), torch.tensor([[3, 5, 7]]), 6)[0].tolist()
     g = json.loads(run("generate", "--model", p, "--prompt-ids", "3 5 7", "--greedy",
                        "--max-new-tokens", 6, "--json", "--ignore-eos").stdout)
     assert g["prompt_ids"] + g["new_ids"] == want
@@ -223,6 +224,9 @@ def test_pt_state_dict_generates_and_converts(tmp_path):
     ref.save_hf(want_dir, cfg, w, dtype=torch.bfloat16)
     assert read_dir(out)[0] == read_dir(want_dir)[0]
     assert json.load(open(out / "config.json")) == hcfg
+    ids = tokens(cfg, 1, 8, 2)
+    ok, err = rel_close(ref.logits(ref.load(out), ids), ref.logits(ref.load(want_dir), ids))
+    assert ok, err
     # refused by name: a foreign tensor, a missing one, no configuration
     torch.save({"config": cfg, "model": dict({k: v.detach() for k, v in w.items()},
                                              **{"model.layers.0.mlp.frob.weight": torch.ones(2)})}, p)
@@ -233,6 +237,43 @@ def test_pt_state_dict_generates_and_converts(tmp_path):
     torch.save(sd, tmp_path / "bare.pt")
     r = run("generate", "--model", tmp_path / "bare.pt", "--prompt-ids", "1", rc=1)
     assert "carries no model configuration" in r.stderr
+
+
+def test_checkpoint_trained_from_scratch_converts(tmp_path):
+    """`ctorch train` with its default model (a few steps) -> `ctorch convert` -> a directory
+    transformers loads with ctorch's logits and greedy tokens; what the Llama family cannot
+    express (a sliding window, a compiled score_mod) is refused by name, leaving nothing."""
+    run_dir = tmp_path / "run"
+    run("train", "--steps", 2, "--batch", 1, "--eval-every", 0, "--quiet", "--out", run_dir)
+    ck = run_dir / "checkpoint.safetensors"
+    out = tmp_path / "hf"
+    r = run("convert", ck, out)
+    assert "Hugging Face directory" in r.stdout
+    c = json.load(open(out / "config.json"))
+    assert c["architectures"] == ["LlamaForCausalLM"] and c["vocab_size"] == 32768
+    assert c["num_hidden_layers"] == 4 and c["tie_word_embeddings"] is True
+    assert c["eos_token_id"] == 0  # the EOS the run trained with
+    hm = ref.load(out)
+    assert hm.config.rope_parameters["rope_theta"] == 10000.0
+    ids = torch.randint(1, 32768, (2, 40), generator=torch.Generator().manual_seed(3))
+    m = models.load(ck)
+    ok, err = rel_close(m.forward(ids), ref.logits(hm, ids))
+    assert ok, err
+    m.eos_token_id = None
+    assert torch.equal(m.generate(ids[:, :5], 8), ref.greedy(hm, ids[:, :5], 8))
+    assert torch.equal(models.load(out).forward(ids), m.forward(ids))
+    # the settings Hugging Face's Llama has no place for, named
+    win = tmp_path / "win"
+    tiny = ["--vocab", 64, "--classes", 4, "--sentence", 3, "--layers", 1, "--d-model", 16, "--heads", 2,
+            "--kv-heads", 1, "--ffn", 16, "--context", 16, "--batch", 1, "--steps", 1, "--eval-every", 0, "--quiet"]
+    run("train", *tiny, "--window", 4, "--out", win)
+    r = run("convert", win / "checkpoint.safetensors", tmp_path / "o1", rc=1)
+    assert '"window" = 4' in r.stderr and "sliding window" in r.stderr
+    sm = tmp_path / "sm"
+    run("train", *tiny, "--score-mod", "score + 0.05 * (kv - q)", "--out", sm)
+    r = run("convert", sm / "checkpoint.safetensors", tmp_path / "o2", rc=1)
+    assert '"score_mod"' in r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["hf", "run", "sm", "win"]
 
 
 def test_bench_hf_runs_and_cleans_up(tmp_path):
