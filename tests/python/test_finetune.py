@@ -1,7 +1,8 @@
-"""Fine-tuning Hugging Face Llama-family models: `ctorch train --init-from DIR` (every gradient
-against the reference maths of hf_reference.py, the loss going down, the layout written back,
-exact resume), LoRA adapters (their gradients against PEFT's maths in torch, PEFT's files,
-merging, resume) and hostile adapter files."""
+"""Fine-tuning Hugging Face Llama-family models: `ctorch train --init-from DIR` on directories
+save_pretrained wrote (every gradient against transformers' own loss and autograd, the loss
+going down, the layout written back and read by from_pretrained, exact resume), LoRA adapters
+(their gradients against peft's LoRA layers, the files `ctorch train --lora-rank` writes loaded
+by PeftModel.from_pretrained with ctorch's logits, resume) and hostile adapter files."""
 import json
 import os
 import sys
@@ -67,14 +68,15 @@ def test_init_from_gradients_match_reference(tmp_path, corpus, cfg_fn, extra):
     ctorch("train", "--init-from", src, "--data", data, *RUN, "--out", tmp_path / "run", "--dump-grads", dump)
     tensors, meta = torch_train.read_safetensors(str(dump))
     tok = torch.from_numpy(tensors["tokens"].astype(np.int64))
-    wr = {k: v.clone().requires_grad_() for k, v in w.items()}
-    loss = ref.loss(cfg, wr, tok)
+    hm = ref.load(src)
+    loss = ref.loss(hm, tok)
     loss.backward()
     assert abs(float(meta["loss"]) - loss.item()) <= 1e-5 * loss.item()
     grads = ref.grads_to_hf(cfg, {k[5:]: torch.from_numpy(v) for k, v in tensors.items() if k.startswith("grad.")})
-    assert set(grads) == set(w)
-    for k, p in wr.items():
-        ok, err = rel_close(grads[k], p.grad)
+    want = ref.grads(hm)
+    assert set(grads) == set(want) == set(w)
+    for k, g in want.items():
+        ok, err = rel_close(grads[k], g)
         assert ok, f"{k}: relative error {err:.2e}"
 
 
@@ -98,7 +100,12 @@ def test_fine_tuning_lowers_the_loss_and_saves_the_layout(tmp_path, corpus, shar
     # the saved directory is the trained model: its loss on a batch is what training reached
     m = models.load(out, mmap=False)
     ids = torch.randint(0, cfg["vocab_size"] - 4, (1, 12), generator=torch.Generator().manual_seed(1))
-    assert m.forward(ids).shape == (1, 12, cfg["vocab_size"])
+    got = m.forward(ids)
+    assert got.shape == (1, 12, cfg["vocab_size"])
+    # transformers reads the trained directory, to the same logits
+    ok, err = rel_close(got, ref.logits(ref.load(out), ids))
+    assert ok, err
+    assert not rel_close(got, ref.logits(ref.load(src), ids))[0]  # and it was trained
 
 
 def test_fine_tuning_resume_is_bit_exact(tmp_path, corpus):
@@ -136,45 +143,35 @@ def test_init_from_refuses_model_options_and_bad_sources(tmp_path, corpus):
 
 # ---- LoRA ------------------------------------------------------------------------------------
 
-MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
-           "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
-
-
-def peft_adapters(sd):
-    """{HF module: (A, B)} from PEFT tensor names."""
-    out = {}
-    for k in sd:
-        if k.endswith(".lora_A.weight"):
-            mod = k[len("base_model.model."):-len(".lora_A.weight")]
-            out[mod] = (sd[k], sd[k.replace("lora_A", "lora_B")])
-    return out
-
-
 @pytest.mark.parametrize("cfg_fn,targets", [(ref.llama_config, "q,k,v,o,gate,up,down"), (ref.qwen2_config, "q,v,up")])
-def test_lora_gradients_match_peft_maths(cfg_fn, targets):
+def test_lora_gradients_match_peft(cfg_fn, targets):
+    """ctorch's adapters (models.Lora) holding peft's random A and B: the loss, every adapter
+    gradient and the logits of peft's LoRA layers on transformers' model."""
     cfg = cfg_fn(vocab_size=64, max_position_embeddings=32)
     w = ref.random_weights(cfg, seed=4)
     m = models.Model(ref.ctorch_config(cfg))
     m.set_weights(ref.to_ctorch(cfg, w))
+    pm = ref.peft_model(ref.hf_model(cfg, w), rank=3, alpha=6, targets=targets, seed=9)
+    sd = ref.peft_state_dict(pm)  # B nonzero: every gradient carries signal
+    assert len(sd) == 2 * len(targets.split(",")) * cfg["num_hidden_layers"]
     lora = models.Lora(m, rank=3, alpha=6.0, targets=targets, batch=2, seq=16)
-    g = torch.Generator().manual_seed(9)
-    sd = {k: torch.randn(v.shape, generator=g) * 0.3 for k, v in lora.state_dict().items()}
-    lora.set_weights(sd)  # B nonzero: every gradient carries signal
+    assert set(lora.state_dict()) == set(sd)
+    lora.set_weights(sd)
     lora.apply()
-    tok = torch.randint(0, 64, (2, 17), generator=g)
+    tok = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(9))
     loss_c, _ = m.loss_and_grads(tok)
     grads = lora.grads()
-    ad = {k: (a.clone().requires_grad_(), b.clone().requires_grad_()) for k, (a, b) in peft_adapters(sd).items()}
-    assert len(ad) == 2 * len(targets.split(","))
-    loss = ref.loss(cfg, w, tok, lora=ad, scale=6.0 / 3)
+    pm.train()  # dropout 0: the same maths, with gradients
+    loss = ref.loss(pm, tok)
     loss.backward()
     assert abs(loss_c - loss.item()) <= 1e-5 * loss.item()
-    for mod, (a, b) in ad.items():
-        for part, t in (("lora_A", a), ("lora_B", b)):
-            ok, err = rel_close(grads[f"base_model.model.{mod}.{part}.weight"], t.grad)
-            assert ok, f"{mod}.{part}: relative error {err:.2e}"
-    # the logits of the applied adapters are PEFT's
-    ok, err = rel_close(m.forward(tok[:, :16]), ref.forward(cfg, w, tok[:, :16], lora=ad, scale=2.0).detach())
+    want = ref.peft_grads(pm)
+    assert set(want) == set(sd)
+    for k, g in want.items():
+        ok, err = rel_close(grads[k], g)
+        assert ok, f"{k}: relative error {err:.2e}"
+    # the logits of the applied adapters are peft's
+    ok, err = rel_close(m.forward(tok[:, :16]), ref.logits(pm.eval(), tok[:, :16]))
     assert ok, err
 
 
@@ -199,12 +196,17 @@ def test_lora_training_peft_files_merge_and_resume(tmp_path, corpus):
     assert t["base_model.model.model.layers.1.mlp.down_proj.lora_A.weight"][1] == [4, cfg["intermediate_size"]]
     assert t["base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"][1] == [cfg["hidden_size"], 4]
     assert not (a / "model.safetensors").exists()
-    # merged into the base, the model is base + 16/4 B A: PEFT's maths on the saved adapters
-    sd = {k: torch.from_numpy(v) for k, v in torch_train.read_safetensors(str(a / "adapter_model.safetensors"))[0].items()}
+    # peft loads the adapters ctorch wrote (PeftModel.from_pretrained on transformers' model of
+    # the base) to the logits of ctorch's merged model: base + 16/4 B A
     m = models.load(src, mmap=False)
     assert m.merge_lora(a) == 4 * cfg["num_hidden_layers"]
     ids = torch.randint(0, cfg["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(2))
-    ok, err = rel_close(m.forward(ids), ref.forward(cfg, w, ids, lora=peft_adapters(sd), scale=4.0).detach())
+    pm = ref.load_adapter(ref.load(src), a)
+    want = ref.logits(pm, ids)
+    ok, err = rel_close(m.forward(ids), want)
+    assert ok, err
+    assert not rel_close(ref.logits(ref.load(src), ids), want)[0]  # the adapters matter
+    ok, err = rel_close(m.forward(ids), ref.logits(pm.merge_and_unload(), ids))
     assert ok, err
     # resume is exact: the same adapters, bit for bit
     ctorch("train", *run, "--out", b, "--stop-at", 4)
@@ -233,10 +235,12 @@ def adapter_cases():
 def test_hostile_adapter_is_refused_by_name(tmp_path, case):
     mutate, needle = adapter_cases()[case]
     cfg = ref.llama_config()
+    w = ref.random_weights(cfg)
     m = models.Model(ref.ctorch_config(cfg))
-    m.set_weights(ref.to_ctorch(cfg, ref.random_weights(cfg)))
-    lora = models.Lora(m, rank=2, alpha=4.0, targets="q,v")
-    lora.save(tmp_path, base_model="x")
+    m.set_weights(ref.to_ctorch(cfg, w))
+    # an adapter as peft writes it (accepted as it is), then broken
+    ref.peft_model(ref.hf_model(cfg, w), rank=2, alpha=4, targets="q,v").save_pretrained(str(tmp_path))
+    assert m.merge_lora(tmp_path) == 4
     c = json.load(open(tmp_path / "adapter_config.json"))
     t = {k: torch.from_numpy(v) for k, v in torch_train.read_safetensors(str(tmp_path / "adapter_model.safetensors"))[0].items()}
     mutate(c, t)
