@@ -1,17 +1,39 @@
-"""ctorch.torch.flex_attention / create_block_mask against explicit softmax attention in
-PyTorch 1.13 (scores, score_mod, dense mask from the same mask_mod, softmax, @ v), forward and
-backward, for every built-in mask and score mod, GQA, cross lengths, odd lengths, bf16, a
-Python mask_mod, and determinism across runs and thread counts."""
+"""ctorch.torch.flex_attention / create_block_mask against PyTorch 2.13's own
+torch.nn.attention.flex_attention (eager, float64: output and lse) and create_block_mask (the
+block structure), for every built-in mask and score mod, GQA, cross lengths, odd lengths, bf16,
+a Python mask_mod, and determinism across runs and thread counts.
+
+Gradients: 2.13's flex_attention has no backward on the CPU (NotImplementedError, eager or
+compiled), so they come from F.scaled_dot_product_attention's autograd over the dense mask
+where there is no score_mod and every query row has a key, else from explicit softmax attention
+in float64 whose forward is first checked against flex_attention. Eager flex_attention is the
+oracle (compiling it on the CPU takes ~40 s a call shape; its results are the same maths)."""
 import pytest
 import torch
+import torch.nn.attention.flex_attention as TF
+import torch.nn.functional as F
 
 import ctorch
 from ctorch.torch import (and_masks, create_block_mask, create_mask, flex_attention, mask_mods, not_mask,
                           or_masks, score_mods)
 
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+
+
+def torch_flex(q, k, v, score_mod=None, mask_mod=None, B=None, H=None, block=128):
+    """PyTorch 2.13's flex_attention (eager, CPU) with its own block mask of the same mask_mod:
+    (out, lse). ctorch's mask and score mods are PyTorch-style callables, so they go in as is."""
+    L, S = q.shape[2], k.shape[2]
+    bm = TF.create_block_mask(mask_mod, B, H, L, S, device="cpu", BLOCK_SIZE=block) if mask_mod is not None else None
+    with torch.no_grad():
+        out, aux = TF.flex_attention(q, k, v, score_mod=score_mod, block_mask=bm, enable_gqa=q.shape[1] != k.shape[1],
+                                     return_aux=TF.AuxRequest(lse=True))
+    return out, aux.lse
+
 
 def ref_attention(q, k, v, score_mod=None, mask_mod=None, scale=None):
-    """Explicit attention; fully masked rows give 0 (and lse -inf)."""
+    """Explicit attention (for gradients where PyTorch has no CPU backward); fully masked rows
+    give 0 (and lse -inf), as flex_attention."""
     B, Hq, L, E = q.shape
     S, G = k.shape[2], Hq // k.shape[1]
     k = k.repeat_interleave(G, dim=1)
@@ -49,10 +71,18 @@ def compare(q, k, v, dout, mask_mod=None, score_mod=None, block=16, B=None, H=No
     sm = score_mod
     if extra:  # the relative-bias table: the reference differentiates its own copy
         sm = score_mods.relative_bias(ex[0])
-    ro, rl = ref_attention(qr, kr, vr, sm, mask_mod)
+    # forward: PyTorch's flex_attention
+    to, tl = torch_flex(qr.detach(), kr.detach(), vr.detach(), sm, mask_mod, B, H)
+    torch.testing.assert_close(out.double(), to, atol=tol, rtol=tol)
+    torch.testing.assert_close(lse.double(), tl, atol=tol, rtol=tol)
+    # gradients: SDPA's autograd where it applies, else the explicit attention (checked first)
+    dense = create_mask(mask_mod, B or 1, H or 1, L, S) if mask_mod is not None else None
+    if sm is None and (dense is None or bool(dense.any(-1).all())):
+        ro = F.scaled_dot_product_attention(qr, kr, vr, attn_mask=dense, enable_gqa=gqa)
+    else:
+        ro, rl = ref_attention(qr, kr, vr, sm, mask_mod)
+        torch.testing.assert_close(ro.detach(), to, atol=1e-10, rtol=1e-10)
     rgrads = torch.autograd.grad(ro, (qr, kr, vr) + ex, dout.double())
-    torch.testing.assert_close(out.double(), ro, atol=tol, rtol=tol)
-    torch.testing.assert_close(lse.double(), rl, atol=tol, rtol=tol)
     for a, r, n in zip(grads, rgrads, ("dq", "dk", "dv", "dtable")):
         torch.testing.assert_close(a.double(), r, atol=tol, rtol=tol, msg=lambda m: f"{n}: {m}")
     return bm
@@ -113,10 +143,16 @@ def test_bf16():
     out = flex_attention(q, k, v, block_mask=bm, enable_gqa=True)
     assert out.dtype == torch.bfloat16
     gq, gk, gv = torch.autograd.grad(out, (q, k, v), do.bfloat16())
+    # PyTorch's flex_attention on the same bf16 inputs, computed in f32 (and in bf16 itself)
     qf, kf, vf = (x.detach().float().requires_grad_() for x in (q, k, v))
-    ro, _ = ref_attention(qf, kf, vf, None, mask_mods.causal())
+    want, _ = torch_flex(qf.detach(), kf.detach(), vf.detach(), None, mask_mods.causal())
+    torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
+    own, _ = torch_flex(q.detach(), k.detach(), v.detach(), None, mask_mods.causal())
+    assert own.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), own.float(), atol=3e-2, rtol=3e-2)
+    dense = create_mask(mask_mods.causal(), 1, 1, 90, 90)
+    ro = F.scaled_dot_product_attention(qf, kf, vf, attn_mask=dense, enable_gqa=True)
     rg = torch.autograd.grad(ro, (qf, kf, vf), do.bfloat16().float())
-    torch.testing.assert_close(out.float(), ro, atol=2e-2, rtol=2e-2)
     for a, r in zip((gq, gk, gv), rg):
         assert a.dtype == torch.bfloat16
         torch.testing.assert_close(a.float(), r, atol=5e-2, rtol=5e-2)
@@ -132,18 +168,23 @@ def test_python_mask_mod():
     q, k, v, do = inputs(1, 3, 3, 57, 57, 16, 16)
     bm = compare(q, k, v, do, checker, H=3)
     assert bm.shape == (1, 3, 57, 57)
-    # structure against a naive classification of the dense mask
-    m = create_mask(checker, 1, 3, 57, 57)
-    pad = torch.zeros(1, 3, 64, 64, dtype=torch.bool)
-    valid = torch.zeros_like(pad)
-    pad[..., :57, :57] = m
-    valid[..., :57, :57] = True
-    blocks = lambda x: x.view(1, 3, 4, 16, 4, 16).sum((3, 5))  # noqa: E731
-    ones, cnt = blocks(pad), blocks(valid)
-    want = torch.where(ones == 0, 0, torch.where(ones == cnt, 2, 1)).to(torch.uint8)
-    assert torch.equal(bm.to_dense(), want)
-    assert torch.equal(bm.kv_num_blocks, (want == 1).sum(-1).int())
-    assert torch.equal(bm.full_q_num_blocks, (want == 2).sum(-2).int())
+    # the block structure is PyTorch's create_block_mask's for the same mask_mod
+    tb = TF.create_block_mask(checker, 1, 3, 57, 57, device="cpu", BLOCK_SIZE=16)
+    same_structure(bm, tb)
+    assert torch.equal(bm.to_dense() != 0, tb.to_dense() != 0)
+
+
+def same_structure(ours, theirs):
+    """ctorch's BlockMask and PyTorch's hold the same partial and full blocks per row and column
+    (the index lists compared over their first num entries: the rest is padding)."""
+    for num, idx in (("kv_num_blocks", "kv_indices"), ("full_kv_num_blocks", "full_kv_indices"),
+                     ("q_num_blocks", "q_indices"), ("full_q_num_blocks", "full_q_indices")):
+        n, t = getattr(ours, num), getattr(theirs, num)
+        assert torch.equal(n, t.to(n.dtype).expand_as(n)), num
+        oi, ti = getattr(ours, idx), getattr(theirs, idx).expand(*n.shape, -1)
+        for pos in torch.cartesian_prod(*(torch.arange(d) for d in n.shape)).view(-1, n.dim()):
+            c = int(n[tuple(pos)])
+            assert sorted(oi[tuple(pos)][:c].tolist()) == sorted(ti[tuple(pos)][:c].tolist()), (idx, pos)
 
 
 def test_python_mask_error_is_raised():
@@ -157,7 +198,9 @@ def test_python_mask_error_is_raised():
 def test_block_mask_broadcast_and_names():
     bm = create_block_mask("causal", 4, 8, 1024, 1024)
     assert bm.shape == (1, 1, 1024, 1024) and bm.BLOCK_SIZE == (128, 128)
-    assert int(bm.kv_num_blocks.sum()) == 8 and int(bm.full_kv_num_blocks.sum()) == 28
+    tb = TF.create_block_mask(lambda b, h, q, kv: q >= kv, None, None, 1024, 1024, device="cpu")
+    assert tb.BLOCK_SIZE == bm.BLOCK_SIZE and bm.sparsity() == tb.sparsity()
+    same_structure(bm, tb)
     docs = torch.stack([torch.arange(100) // 30, torch.arange(100) // 7])
     bm = create_block_mask(mask_mods.document(docs), 2, 4, 100, 100, BLOCK_SIZE=16)
     assert bm.shape[:2] == (2, 1)
