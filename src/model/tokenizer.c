@@ -517,29 +517,58 @@ ct_status ct_tokenizer_encode(const ct_tokenizer *t, const char *text, size_t le
     if (!t || !ids || !n || (len && !text))
         return ct_error(CT_EINVAL, "ct_tokenizer_encode: arguments must not be NULL");
     const unsigned char *s = (const unsigned char *)text;
-    if (t->nfc) {
-        size_t at = ct_nfc_unstable_at(s, len);
-        if (at < len) {
-            size_t k;
-            uint32_t cp = ct_utf8_at(s, len, at, &k);
-            return ct_error(CT_EUNSUPPORTED,
-                            "ct_tokenizer_encode: this tokenizer normalizes text to NFC, and the "
-                            "text holds U+%04X at byte %zu, which NFC can change or reorder; "
-                            "ctorch does not normalize, so it encodes only text that NFC leaves "
-                            "as it is without such characters",
-                            cp, at);
-        }
-    }
     enc e;
     memset(&e, 0, sizeof e);
-    ct_status st = ct_tok_grow((void **)&e.ids, &e.cap, len / 3 + 16, sizeof(int32_t));
+    /* NFC (Qwen2): the text between added tokens is normalized, as Hugging Face does; where
+     * the text holds no character NFC could change it is used as it is. marks[k] are the
+     * added tokens' places in the normalized text. */
+    unsigned char *norm = NULL;
+    size_t norm_cap = 0, nmarks = 0, marks_cap = 0, mk = 0;
+    struct mark {
+        size_t at;
+        int32_t id;
+    } *marks = NULL;
+    ct_status st = CT_OK;
+    if (t->nfc && ct_nfc_unstable_at(s, len) < len) {
+        size_t nlen = 0;
+        for (size_t i = 0; i < len && st == CT_OK;) {
+            size_t stop = i;
+            int32_t sp = -1;
+            for (; t->n_special && stop < len; stop++)
+                if (t->special_at[s[stop]] != t->special_at[s[stop] + 1] &&
+                    (sp = special_at(t, s, len, stop)) >= 0)
+                    break;
+            if (!t->n_special) stop = len;
+            st = ct_nfc_append(s + i, stop - i, &norm, &nlen, &norm_cap);
+            if (sp < 0 || st) break;
+            size_t sn = t->off[sp + 1] - t->off[sp];
+            if ((st = ct_tok_grow((void **)&marks, &marks_cap, nmarks + 1, sizeof *marks)) ||
+                (st = ct_tok_grow((void **)&norm, &norm_cap, nlen + sn, 1)))
+                break;
+            marks[nmarks++] = (struct mark){nlen, sp};
+            memcpy(norm + nlen, s + stop, sn);
+            nlen += sn;
+            i = stop + sn;
+        }
+        if (st) {
+            ct_free(norm);
+            ct_free(marks);
+            return st;
+        }
+        s = norm ? norm : s;
+        len = nlen;
+    }
+    if (st == CT_OK) st = ct_tok_grow((void **)&e.ids, &e.cap, len / 3 + 16, sizeof(int32_t));
     if (st == CT_OK && len >= 4096) st = ct_calloc((void **)&e.cache, CACHE_SLOTS * sizeof(cache_slot));
     size_t i = 0;
     while (i < len && st == CT_OK) {
         /* the next special token at or after i ends the segment that pieces are cut from */
         size_t stop = i;
         int32_t sp = -1;
-        if (t->n_special) {
+        if (norm) {
+            stop = mk < nmarks ? marks[mk].at : len;
+            sp = mk < nmarks ? marks[mk++].id : -1;
+        } else if (t->n_special) {
             for (; stop < len; stop++)
                 if (t->special_at[s[stop]] != t->special_at[s[stop] + 1] &&
                     (sp = special_at(t, s, len, stop)) >= 0)
@@ -587,6 +616,8 @@ ct_status ct_tokenizer_encode(const ct_tokenizer *t, const char *text, size_t le
     ct_free(e.work);
     ct_free(e.heap);
     ct_free(e.cache);
+    ct_free(norm);
+    ct_free(marks);
     if (st != CT_OK) {
         ct_free(e.ids);
         return st;

@@ -77,6 +77,16 @@ ct_status ct_tok_from_hf_json(json_t *root, const char *text, size_t len, const 
 size_t ct_pretok_end(int kind, const unsigned char *s, size_t len, size_t i);
 /* Offset of the first byte where NFC could change the text, or len if there is none. */
 size_t ct_nfc_unstable_at(const unsigned char *s, size_t len);
+/* Append NFC(s[0..n)) to *out (*olen bytes used of *ocap, grown with ct_tok_grow);
+ * tokenizer_nfc.c. */
+ct_status ct_nfc_append(const unsigned char *s, size_t n, unsigned char **out, size_t *olen,
+                        size_t *ocap);
+extern const uint32_t ct_nfc_ccc[][3];
+extern const size_t ct_nfc_ccc_n;
+extern const uint32_t ct_nfc_decomp[][3];
+extern const size_t ct_nfc_decomp_n;
+extern const uint32_t ct_nfc_compose[][3];
+extern const size_t ct_nfc_compose_n;
 /* Decode one code point at s[i]: *n its bytes; an invalid byte is U+FFFFFFFF of 1 byte. */
 uint32_t ct_utf8_at(const unsigned char *s, size_t len, size_t i, size_t *n);
 /* Unicode classes of the pre-tokenizer regexes. */
