@@ -166,9 +166,14 @@ def grads(model):
 
 def greedy(model, ids, n):
     """transformers' generate(do_sample=False) for n new tokens, never stopping at EOS."""
-    with torch.no_grad():
-        return model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                              eos_token_id=None, pad_token_id=0, attention_mask=torch.ones_like(ids))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices, many steps: threads only add waiting
+    try:
+        with torch.no_grad():
+            return model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                  eos_token_id=None, pad_token_id=0, attention_mask=torch.ones_like(ids))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def save_hf(d, cfg, w, dtype=torch.float32, shards=1):

@@ -1,11 +1,10 @@
 """Generation with a KV cache: Python ``Model.generate`` and ``ctorch generate``.
 
-Cached greedy generation equals, token for token, a reference that recomputes the whole
-sequence every step: in PyTorch (the Hugging Face modeling maths of hf_reference.py) and in
-ctorch (Model.forward, and the no-cache baseline). Sampling is reproducible with a seed, its
-temperature -> top-k -> top-p distribution equals the one built from torch's own ops
-(torch.topk, torch.sort, cumsum, softmax, as transformers' logits warpers), and bad arguments
-raise what PyTorch / transformers raise."""
+Cached greedy generation equals, token for token, transformers 5.25's generate(do_sample=False)
+on the same weights (hf_reference.py) and ctorch's own no-cache baseline and Model.forward.
+Sampling is reproducible with a seed, its temperature -> top-k -> top-p distribution equals the
+one transformers' own logits warpers (TemperatureLogitsWarper, TopKLogitsWarper,
+TopPLogitsWarper) give, and bad arguments raise what PyTorch / transformers raise."""
 import json
 import os
 import sys
@@ -30,23 +29,17 @@ CONFIGS = {
 
 
 def make(name, seed=3, std=0.3):
+    """(config, transformers' model, ctorch's model) holding the same random weights."""
     cfg = CONFIGS[name]
     w = ref.random_weights(cfg, seed=seed, std=std)
     m = models.Model(ref.ctorch_config(cfg))
     m.set_weights(ref.to_ctorch(cfg, w))
-    return cfg, w, m
+    return cfg, ref.hf_model(cfg, w), m
 
 
 def prompt(cfg, B, T, seed):
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, cfg["vocab_size"], (B, T), generator=g)
-
-
-def greedy_torch(cfg, w, ids, n):
-    for _ in range(n):
-        logits = ref.forward(cfg, w, ids)[:, -1]
-        ids = torch.cat((ids, logits.argmax(-1, keepdim=True)), 1)
-    return ids
 
 
 def greedy_ctorch_forward(m, ids, n):
@@ -57,12 +50,12 @@ def greedy_ctorch_forward(m, ids, n):
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_greedy_matches_full_forward_references(name):
-    cfg, w, m = make(name)
+    cfg, hm, m = make(name)
     ids = prompt(cfg, 3, 7, 1)
     got = m.generate(ids, 30)
     assert got.dtype == torch.int64 and got.shape == (3, 37)
     assert torch.equal(got[:, :7], ids)
-    assert torch.equal(got, greedy_torch(cfg, w, ids, 30))
+    assert torch.equal(got, ref.greedy(hm, ids, 30))
     assert torch.equal(got, greedy_ctorch_forward(m, ids, 30))
     assert torch.equal(got, m.generate(ids, 30, use_cache=False))
     # one sequence given as [T] is a batch of one
@@ -70,7 +63,7 @@ def test_greedy_matches_full_forward_references(name):
 
 
 def test_past_the_context_equals_the_baseline():
-    cfg, w, m = make("llama")
+    cfg, hm, m = make("llama")
     ctx = cfg["max_position_embeddings"]  # 64
     ids = prompt(cfg, 2, 50, 2)
     a = m.generate(ids, 40, do_sample=True, seed=4)
@@ -78,11 +71,11 @@ def test_past_the_context_equals_the_baseline():
     assert torch.equal(a, m.generate(ids, 40, do_sample=True, seed=4, use_cache=False))
     # within the context the continuation is the reference's; after it, the last ctx tokens
     g = m.generate(ids, 20)
-    assert torch.equal(g[:, :50 + ctx - 50], greedy_torch(cfg, w, ids, ctx - 50))
+    assert torch.equal(g[:, :50 + ctx - 50], ref.greedy(hm, ids, ctx - 50))
 
 
 def test_eos_stops_and_pads():
-    cfg, w, m = make("qwen2")
+    cfg, hm, m = make("qwen2")
     ids = prompt(cfg, 4, 5, 3)
     free = m.generate(ids, 12, do_sample=True, seed=9)
     # the EOS: a token row 0 produces at step 2 (the others may produce it elsewhere or never)
@@ -106,7 +99,7 @@ def test_eos_stops_and_pads():
 
 
 def test_sampling_is_reproducible():
-    cfg, w, m = make("llama", std=0.1)
+    cfg, hm, m = make("llama", std=0.1)
     ids = prompt(cfg, 2, 4, 5)
     a = m.generate(ids, 25, do_sample=True, temperature=1.2, top_k=20, top_p=0.9, seed=7)
     b = m.generate(ids, 25, do_sample=True, temperature=1.2, top_k=20, top_p=0.9, seed=7)
@@ -122,48 +115,46 @@ def test_sampling_is_reproducible():
                                      seed=7, use_cache=False))
 
 
-def torch_warped_probs(logits, temperature, top_k, top_p):
-    """transformers' TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper + softmax,
-    written with torch's ops."""
-    x = logits / temperature
+def hf_warped_probs(logits, temperature, top_k, top_p):
+    """softmax after transformers' TemperatureLogitsWarper, TopKLogitsWarper and
+    TopPLogitsWarper, in generate()'s order."""
+    from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper,
+                                                        TopKLogitsWarper, TopPLogitsWarper)
+    procs = LogitsProcessorList([TemperatureLogitsWarper(float(temperature))])
     if top_k is not None:
-        kth = torch.topk(x, min(top_k, x.shape[-1]))[0][..., -1, None]
-        x = x.masked_fill(x < kth, float("-inf"))
+        procs.append(TopKLogitsWarper(top_k))
     if top_p is not None:
-        sorted_logits, sorted_idx = torch.sort(x, descending=False)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        remove = cum <= (1 - top_p)
-        remove[..., -1:] = False
-        x = x.masked_fill(remove.scatter(-1, sorted_idx, remove), float("-inf"))
-    return torch.softmax(x, -1)
+        procs.append(TopPLogitsWarper(float(top_p)))
+    ids = torch.zeros(logits.shape[0], 1, dtype=torch.long)
+    return torch.softmax(procs(ids, logits.clone()), -1)
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [
     (1.0, None, None), (0.7, 5, None), (1.5, None, 0.9), (1.0, 10, 0.5), (0.5, 3, 0.99),
     (2.0, 200, 0.3), (1.0, 1, None),
 ])
-def test_sampling_distribution_matches_torch_ops(temperature, top_k, top_p):
+def test_sampling_distribution_matches_transformers_warpers(temperature, top_k, top_p):
     g = torch.Generator().manual_seed(11)
     logits = torch.randn(6, 100, generator=g) * 3
     ours = _generate.sample_probs(logits, temperature, top_k, top_p)
-    want = torch_warped_probs(logits, temperature, top_k, top_p)
+    want = hf_warped_probs(logits, temperature, top_k, top_p)
     assert torch.equal(ours > 0, want > 0)
     assert (ours - want).abs().max().item() <= 1e-6
 
 
 def test_sampled_tokens_lie_in_the_filtered_set():
-    cfg, w, m = make("llama", std=0.1)
+    cfg, hm, m = make("llama", std=0.1)
     ids = prompt(cfg, 2, 6, 6)
     got = m.generate(ids, 20, do_sample=True, temperature=0.9, top_k=8, top_p=0.7, seed=2)
     for t in range(6, 26):
-        logits = ref.forward(cfg, w, got[:, :t])[:, -1]
-        p = torch_warped_probs(logits, 0.9, 8, 0.7)
+        logits = ref.logits(hm, got[:, :t])[:, -1]
+        p = hf_warped_probs(logits, 0.9, 8, 0.7)
         for r in range(2):
             assert p[r, got[r, t]] > 0, (r, t)
 
 
 def test_bad_arguments_raise_like_pytorch():
-    cfg, w, m = make("llama")
+    cfg, hm, m = make("llama")
     V = cfg["vocab_size"]
     ids = prompt(cfg, 1, 4, 7)
     table = torch.zeros(V, 2)
@@ -339,23 +330,20 @@ def test_bench_generate_runs():
 @pytest.mark.parametrize("name,dtype", [("llama", torch.float32), ("qwen2", torch.bfloat16)])
 def test_hf_directory_generate(tmp_path, name, dtype):
     # a Hugging Face directory through models.load and the CLI: the weights are read in place
-    # from the mapped file, in their dtype (the reference uses the rounded weights)
+    # from the mapped file, in their dtype (transformers loads them widened to f32)
     cfg = CONFIGS[name]
-    w = {k: v.to(dtype).float() for k, v in ref.random_weights(cfg, seed=5, std=0.3).items()}
-    ref.save_hf(tmp_path / "m", cfg, w, dtype=dtype)
+    ref.save_hf(tmp_path / "m", cfg, ref.random_weights(cfg, seed=5, std=0.3), dtype=dtype)
+    hm = ref.load(tmp_path / "m")
     m = models.load(tmp_path / "m")
     eos = cfg["eos_token_id"]
     assert m.eos_token_id == eos
     ids = prompt(cfg, 2, 6, 8)
-    got = m.generate(ids, 12)  # stops rows at config.json's eos_token_id
-    want = greedy_torch(cfg, w, ids, 12)
-    for r in range(2):
-        new, ref_new = got[r, 6:].tolist(), want[r, 6:].tolist()
-        if eos in ref_new[:len(new)]:
-            k = ref_new.index(eos)
-            assert new[:k + 1] == ref_new[:k + 1] and all(t == eos for t in new[k:])
-        else:
-            assert new == ref_new[:len(new)]
+    got = m.generate(ids, 12)  # stops rows at config.json's eos_token_id, pads with it
+    with torch.no_grad():      # transformers stops and pads the same way
+        hf = hm.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=eos, pad_token_id=eos,
+                         attention_mask=torch.ones_like(ids))
+    assert torch.equal(got, hf)
+    want = ref.greedy(hm, ids, 12)  # without EOS
     assert torch.equal(m.generate(ids, 12, use_cache=False), got)
     line = " ".join(map(str, ids[0].tolist()))
     a = gen_json(tmp_path / "m", "--prompt-ids", line, "--greedy", "--max-new-tokens", 12,
