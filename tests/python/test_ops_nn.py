@@ -1,5 +1,6 @@
-"""ctorch.torch.nn against PyTorch 1.13: forward values and gradients of gelu, silu, swiglu,
-rms_norm (torch maths, as 1.13 has none), layer_norm and rope (HF's rotate-half in torch)."""
+"""ctorch.torch.nn against PyTorch 2.13's own ops: forward values and gradients of gelu, silu,
+swiglu (F.silu(a) * b), rms_norm (F.rms_norm), layer_norm, and rope against transformers'
+LlamaRotaryEmbedding + apply_rotary_pos_emb (PyTorch has no RoPE op)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -92,8 +93,7 @@ def test_activation_errors():
 # ---- norms ---------------------------------------------------------------------------------
 
 def _rms_ref(x, w, eps):
-    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    return y * w if w is not None else y
+    return F.rms_norm(x, (x.shape[-1],), w, eps)
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (3, 7), (2, 5, 64), (4, 129)])
@@ -105,7 +105,9 @@ def test_rms_norm(isa, shape, affine):
 
 
 def test_rms_norm_default_eps():
+    """eps None is finfo(input.dtype).eps, as F.rms_norm's (on the same float32 input)."""
     x = _x(3, 8) * 1e-4
+    _close(rms_norm(x), F.rms_norm(x, (8,)), 1e-5, 1e-5)
     _close(rms_norm(x), _rms_ref(x.double(), None, torch.finfo(torch.float32).eps), 1e-5, 1e-5)
 
 
@@ -145,9 +147,9 @@ def test_layer_norm_bf16():
 
 
 def test_norm_errors():
-    # the classes PyTorch raises (1.13 has no rms_norm: its reference maths broadcast-fails)
+    # the classes PyTorch raises
     with pytest.raises(RuntimeError):
-        torch.zeros(2, 3) * torch.ones(4)
+        F.rms_norm(torch.zeros(2, 3), (3,), torch.ones(4))
     with pytest.raises(RuntimeError):
         rms_norm(torch.zeros(2, 3), torch.ones(4))
     with pytest.raises(RuntimeError):
@@ -181,18 +183,18 @@ def test_norm_grads_deterministic_across_threads():
 # ---- RoPE ----------------------------------------------------------------------------------
 
 def _rope_ref(x, positions, base):
-    """Hugging Face LlamaRotaryEmbedding + apply_rotary_pos_emb, on x [B, T, H, E], in f32."""
-    T, E = x.shape[-3], x.shape[-1]
-    pos = torch.arange(T) if positions is None else positions
-    inv_freq = 1.0 / (base ** (torch.arange(0, E, 2, dtype=torch.int64).float() / E))
-    freqs = pos.float()[:, None] * inv_freq[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]  # [T, 1, E]: broadcast over heads
-
-    def rotate_half(t):
-        t1, t2 = t[..., : E // 2], t[..., E // 2:]
-        return torch.cat((-t2, t1), dim=-1)
-    return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)
+    """transformers' LlamaRotaryEmbedding (default rope, theta = base) and apply_rotary_pos_emb
+    on x [..., T, H, E] (the heads dim is 2 after flattening the batch dims)."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+    T, H, E = x.shape[-3:]
+    cfg = LlamaConfig(hidden_size=H * E, num_attention_heads=H, head_dim=E, rope_theta=base)
+    assert cfg.rope_parameters == {"rope_theta": base, "rope_type": "default"}
+    pos = (torch.arange(T) if positions is None else positions)[None]
+    xb = x.reshape(-1, T, H, E)
+    cos, sin = LlamaRotaryEmbedding(cfg)(xb, pos)
+    out, _ = apply_rotary_pos_emb(xb, xb, cos, sin, unsqueeze_dim=2)
+    return out.reshape(x.shape)
 
 
 @pytest.mark.parametrize("shape", [(2, 5, 3, 8), (1, 7, 2, 2), (4, 6, 64), (2, 3, 9, 4, 32)])
