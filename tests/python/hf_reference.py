@@ -192,7 +192,7 @@ def save_hf(d, cfg, w, dtype=torch.float32, shards=1):
 
 def write_safetensors(path, tensors, metadata=None):
     """A plain safetensors file (the safetensors library's writer)."""
-    safetensors.torch.save_file({k: v.contiguous() for k, v in tensors.items()}, str(path),
+    safetensors.torch.save_file({k: v.detach().clone().contiguous() for k, v in tensors.items()}, str(path),
                                 metadata=metadata)
 
 
