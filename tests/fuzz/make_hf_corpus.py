@@ -37,13 +37,32 @@ SMOL = {"architectures": ["LlamaForCausalLM"], "hidden_size": 576, "intermediate
         "vocab_size": 49152, "tie_word_embeddings": True, "rope_theta": 100000}
 
 
+def v5(c):
+    """The same configuration as transformers 5 writes it: dtype, rope_parameters (rope_theta
+    inside), layer_types for Qwen2."""
+    c = dict(c)
+    rp = dict(c.pop("rope_scaling", None) or {"rope_type": "default"})
+    rp["rope_theta"] = c.pop("rope_theta", 10000.0)
+    rp["rope_type"] = rp.pop("type", rp.get("rope_type"))
+    c["rope_parameters"] = rp
+    c["dtype"] = c.pop("torch_dtype", "float32")
+    if c.get("model_type") == "qwen2":
+        c["layer_types"] = ["full_attention"] * c["num_hidden_layers"]
+    c["transformers_version"] = "5.25.0"
+    return c
+
+
 def configs():
-    out = {"llama3": LLAMA3, "qwen2": QWEN2, "mistral": MISTRAL, "smol": SMOL}
+    out = {"llama3": LLAMA3, "qwen2": QWEN2, "mistral": MISTRAL, "smol": SMOL,
+           "llama3-v5": v5(LLAMA3), "qwen2-v5": v5(QWEN2), "mistral-v5": v5(MISTRAL)}
     bad = [("arch", {"architectures": ["GPT2LMHeadModel"]}), ("yarn", {"rope_scaling": {"rope_type": "yarn", "factor": 4}}),
            ("neg", {"hidden_size": -1}), ("huge", {"vocab_size": 2 ** 62}), ("odd_head", {"head_dim": 7}),
            ("kv", {"num_key_value_heads": 3}), ("unknown", {"foo": 1}), ("eps", {"rms_norm_eps": 0}),
            ("lohi", {"rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4,
-                                      "high_freq_factor": 4, "original_max_position_embeddings": 1}})]
+                                      "high_freq_factor": 4, "original_max_position_embeddings": 1}}),
+           ("bigint", {"pad_token_id": 2 ** 80}), ("bigint-size", {"hidden_size": 2 ** 80}),
+           ("sliding", {"layer_types": ["full_attention", "sliding_attention"]}),
+           ("rp-yarn", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}})]
     for name, patch in bad:
         c = dict(LLAMA3)
         c.update(patch)
