@@ -537,6 +537,20 @@ static int create_entry(int dfd, const char *name, int mode)
     return openat(dfd, name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
 }
 
+/* Create a new file "<prefix>-<pid>-<n><suffix>" (name written to name): the next n when a
+ * file of that name is left over from an earlier process that had this pid. */
+static int create_unique(int dfd, const char *prefix, const char *suffix, char *name, size_t cap,
+                         int mode)
+{
+    for (int tries = 0; tries < 1000; tries++) {
+        snprintf(name, cap, "%s-%ld-%u%s", prefix, (long)getpid(), atomic_fetch_add(&g_seq, 1),
+                 suffix);
+        int fd = create_entry(dfd, name, mode);
+        if (fd >= 0 || errno != EEXIST) return fd;
+    }
+    return -1;
+}
+
 static ct_status write_all(int fd, const void *data, size_t n)
 {
     const char *p = data;
@@ -628,10 +642,22 @@ ct_status jit_cache_read(int dfd, const char *key, uint8_t **so, size_t *ol)
 static ct_status load_bytes(const char *fn, const env *e, const uint8_t *b, size_t n, const jir *ir,
                             jkernel *k)
 {
-    static atomic_uint seq;
     char name[96];
-    snprintf(name, sizeof name, "tmp-load-%ld-%u.so", (long)getpid(), atomic_fetch_add(&seq, 1));
-    if (write_entry(e->dfd, name, b, n, 0700) != CT_OK)
+    int fd = create_unique(e->dfd, "tmp-load", ".so", name, sizeof name, 0700);
+    if (fd >= 0 && write_all(fd, b, n) != CT_OK) {
+        int er = errno;
+        close(fd);
+        unlinkat(e->dfd, name, 0);
+        errno = er;
+        fd = -1;
+    }
+    if (fd >= 0 && close(fd) != 0) {
+        int er = errno;
+        unlinkat(e->dfd, name, 0);
+        errno = er;
+        fd = -1;
+    }
+    if (fd < 0)
         return ct_error(CT_EIO,
                         "%s: cannot write in the cache dir %s: %s (free space there, or set "
                         "CT_CACHE_DIR to another directory)",
@@ -691,10 +717,8 @@ static ct_status spawn(const char *fn, const env *e, char *const argv[], int out
 /* An unnamed scratch file for a process's output (created in the cache dir, then unlinked). */
 static int scratch_fd(const env *e)
 {
-    static atomic_uint seq;
     char name[96];
-    snprintf(name, sizeof name, "tmp-out-%ld-%u", (long)getpid(), atomic_fetch_add(&seq, 1));
-    int fd = create_entry(e->dfd, name, 0600);
+    int fd = create_unique(e->dfd, "tmp-out", "", name, sizeof name, 0600);
     if (fd >= 0) unlinkat(e->dfd, name, 0);
     return fd;
 }
@@ -869,12 +893,21 @@ static ct_status run_jobs(const char *fn, const env *e, job *jobs, int nj, jir *
         jobs[i].err_fd = -1;
     for (int i = 0; i < nj; i++) {
         job *j = &jobs[i];
-        snprintf(j->base, sizeof j->base, "tmp-%.16s-%ld-%u", j->key, (long)getpid(),
-                 atomic_fetch_add(&g_seq, 1));
-        char path[160];
-        snprintf(path, sizeof path, "%s.c", j->base);
-        if (write_entry(e->dfd, path, j->src, strlen(j->src), 0600) != CT_OK ||
-            (j->err_fd = scratch_fd(e)) < 0) {
+        char prefix[32], path[160];
+        snprintf(prefix, sizeof prefix, "tmp-%.16s", j->key);
+        int fd = create_unique(e->dfd, prefix, ".c", path, sizeof path, 0600);
+        if (fd >= 0) {
+            snprintf(j->base, sizeof j->base, "%.*s", (int)(strlen(path) - 2), path);
+            char old[160]; /* leftovers of a crashed process that had this pid */
+            snprintf(old, sizeof old, "%s.so", j->base);
+            unlinkat(e->dfd, old, 0);
+            snprintf(old, sizeof old, "%s.sum", j->base);
+            unlinkat(e->dfd, old, 0);
+            ct_status w = write_all(fd, j->src, strlen(j->src));
+            if (close(fd) != 0) w = CT_EIO;
+            if (w != CT_OK) fd = -1;
+        }
+        if (fd < 0 || (j->err_fd = scratch_fd(e)) < 0) {
             int er = errno;
             for (int k = 0; k <= i; k++)
                 cleanup(e, &jobs[k]);
