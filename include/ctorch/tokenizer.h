@@ -107,9 +107,9 @@ CT_API ct_status ct_tokenizer_token_id(const ct_tokenizer *t, const char *bytes,
 
 /** Encode len bytes of text into a new array *ids of *n tokens (ct_alloc'ed: release with
  *  ct_free; never NULL on success, even for n == 0). "<|endoftext|>" becomes EOS (ctorch-bpe;
- *  other formats: their added tokens). A tokenizer whose normalizer is NFC (Qwen2) refuses
- *  (CT_EUNSUPPORTED, naming the byte) a text holding a character NFC could change or reorder,
- *  since ctorch does not normalize; every other text encodes as with the normalizer. */
+ *  other formats: their added tokens). A tokenizer whose normalizer is NFC (Qwen2) normalizes
+ *  the text between added tokens first, as Hugging Face tokenizers does (its Unicode 9.0 data;
+ *  bytes that are not UTF-8 are kept). */
 CT_API ct_status ct_tokenizer_encode(const ct_tokenizer *t, const char *text, size_t len,
                                      int32_t **ids, int64_t *n);
 

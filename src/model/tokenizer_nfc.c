@@ -98,7 +98,7 @@ static ct_status push(cpbuf *b, uint32_t cp)
     return CT_OK;
 }
 
-/* Canonical mappings nest at most a few deep (Unicode 14: 3). */
+/* Canonical mappings nest at most a few deep (3 in Unicode 9.0). */
 static ct_status decompose(cpbuf *b, uint32_t cp, int depth)
 {
     if (cp - S_BASE < S_COUNT) {

@@ -115,6 +115,10 @@ TRICKY = [
     "<|begin_of_text|>x<|im_start|>user\nhi<|im_end|>\n<|eot_id|><|end_of_text|><|endof",
     "a" * 300, " " * 500 + "x", "ab" * 200 + " " + "\n" * 70, "x\u0085y", "\x00\x07\x7f\x1b[0m",
     "\ufeffBOM \u200bzero\u200cwidth \u2028line\u2029para \x0bvt\x0cff", " \n \r\n\t \n",
+    # letters and digits newer than Python's Unicode (the library's regex engine has Unicode 16.0):
+    # Kaktovik numerals (15.0), CJK extension H (15.0), Garay digits, Tje, Todhri (16.0)
+    "a\U0001d2c0b \U0001d2c0\U0001d2c01 \U0001d2c0 \U0001d2c1\U0001d2c2\U0001d2c3\U0001d2c4",
+    "x\U00031350\U00031351y \U00010d40\U00010d41\U00010d42\U00010d43 \u1c89\u1c8a a\U000105c0b",
 ]
 
 
