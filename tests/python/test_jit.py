@@ -1,7 +1,9 @@
 """Compiled score_mod / mask_mod (ctorch.torch._trace + src/jit): Python functions written as
-PyTorch documents them are traced, compiled to native kernels and checked against explicit
-attention in PyTorch 1.13 with the same functions applied to the full score matrix, forward and
-every gradient (q, k, v and captured tensors that require grad), for the attention-gym
+PyTorch documents them are traced, compiled to native kernels and checked against PyTorch
+2.13's own flex_attention (eager, float64, its create_block_mask of the same function) for the
+output, and for every gradient (q, k, v and captured tensors that require grad: 2.13 has no CPU
+backward for flex_attention) against explicit attention with the same functions applied to the
+full score matrix, whose forward is itself checked against flex_attention, for the attention-gym
 variants, odd and cross lengths, GQA and B/H broadcast; the tracer's errors; range checks; and
 the compile cache across processes (a hit runs no compiler, two processes at once, a damaged
 entry, no compiler). Every cache lives in a temp dir."""
@@ -13,16 +15,27 @@ import textwrap
 
 import pytest
 import torch
+import torch.nn.attention.flex_attention as TF
 
 from ctorch._lib import CtorchError
 from ctorch.torch import create_block_mask, create_mask, flex_attention
 from ctorch.torch import _trace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+
+
+def torch_flex(q, k, v, score_mod=None, mask_mod=None, B=None, H=None):
+    """PyTorch 2.13's flex_attention (eager, CPU, no grad) with its own block mask of mask_mod."""
+    L, S = q.shape[2], k.shape[2]
+    bm = TF.create_block_mask(mask_mod, B, H, L, S, device="cpu") if mask_mod is not None else None
+    with torch.no_grad():
+        return TF.flex_attention(q, k, v, score_mod=score_mod, block_mask=bm, enable_gqa=q.shape[1] != k.shape[1])
 
 
 def ref_attention(q, k, v, score_mod=None, mask_mod=None, scale=None):
-    """Explicit attention over the full score matrix; fully masked rows give 0."""
+    """Explicit attention over the full score matrix (for the gradients, where PyTorch has no
+    CPU backward); fully masked rows give 0, as flex_attention."""
     B, Hq, L, E = q.shape
     S, G = k.shape[2], Hq // k.shape[1]
     k = k.repeat_interleave(G, dim=1)
@@ -64,7 +77,11 @@ def run_case(mask=None, score=None, params=(), B=1, Hq=2, Hkv=2, L=37, S=37, blo
     ro = ref_attention(rq, rk, rv, score(*rp) if score else None, mask(*rp) if mask else None)
     rwant = [rq, rk, rv] + [p for p in rp if p.requires_grad]
     rgot = torch.autograd.grad(ro, rwant, do.double())
-    torch.testing.assert_close(out.double(), ro, atol=tol, rtol=tol)
+    dp = [p.detach() for p in rp]
+    to = torch_flex(rq.detach(), rk.detach(), rv.detach(), score(*dp) if score else None,
+                    mask(*dp) if mask else None, mB, mH)
+    torch.testing.assert_close(out.double(), to, atol=tol, rtol=tol)  # the oracle
+    torch.testing.assert_close(ro.detach(), to, atol=1e-10, rtol=1e-10)  # the gradients' reference
     for i, (a, r) in enumerate(zip(got, rgot)):
         torch.testing.assert_close(a.double(), r, atol=tol, rtol=tol, msg=lambda m: f"grad {i}: {m}")
     return bm
@@ -173,7 +190,7 @@ def test_many_ops_where_clamp_minimum_batch_doc():
 
 def test_operators_floor_semantics_bitwise_not_maximum():
     """`~`, torch.maximum / torch.clamp as functions, `//` and `%` on negative operands and
-    divisors (Python's floor semantics, as torch 1.13 computes them), on ints and floats."""
+    divisors (Python's floor semantics, as torch 2.13 computes them), on ints and floats."""
     def mask(b, h, q, kv):
         d = q - kv
         return ~((d // 3) % 4 == 1) & ~(d % -5 == -2) | (q == kv) | ((kv - q) // -4 == 2)
