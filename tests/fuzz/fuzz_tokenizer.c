@@ -17,7 +17,7 @@ static void check_round_trip(const ct_tokenizer *t, const char *text, size_t len
 {
     int32_t *ids;
     int64_t n;
-    if (ct_tokenizer_encode(t, text, len, &ids, &n) != CT_OK) return; /* e.g. NFC refusal */
+    if (ct_tokenizer_encode(t, text, len, &ids, &n) != CT_OK) return; /* e.g. out of memory for a huge text */
     int64_t V = ct_tokenizer_vocab_size(t);
     for (int64_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= V) __builtin_trap();
