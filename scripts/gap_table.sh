@@ -6,6 +6,7 @@
 # tracked peak and peak RSS, the CPU model and the thread count. Run it on a quiet machine.
 #
 #   bash scripts/gap_table.sh [--out DIR] [--threads "1 2"] [--tiny]
+#   bash scripts/gap_table.sh --report DIR [--threads "1 2"]   (the table of a finished run)
 #
 # Environment: CTORCH_CLI (default build/ctorch; build it first), CTORCH_PYTHON (default
 # .venv/bin/python, scripts/setup.sh --python). --tiny runs tiny shapes (a check that the script
@@ -20,12 +21,14 @@ PY=${CTORCH_PYTHON:-$ROOT/.venv/bin/python}
 OUT=""
 THREADS="1 2"
 TINY=0
+REPORT=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --out) OUT=$2; shift 2 ;;
         --threads) THREADS=$2; shift 2 ;;
         --tiny) TINY=1; shift ;;
-        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --report) OUT=$2; REPORT=1; shift 2 ;;
+        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gap_table.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -63,17 +66,19 @@ run() { # name threads args...: one bench, its JSON in $OUT/name-tT.json
     fi
 }
 
-START=$SECONDS
-uptime >"$OUT/load-before.txt" 2>/dev/null || true
-for t in $THREADS; do
-    run gemm "$t" "${GEMM[@]}"
-    run lce "$t" "${LCE[@]}"
-    run flex "$t" "${FLEX[@]}"
-    run train "$t" "${TRAIN[@]}"
-done
-run fsdp 1 "${FSDP[@]}"
-uptime >"$OUT/load-after.txt" 2>/dev/null || true
-echo "gap_table: all benches in $((SECONDS - START)) s; JSON in $OUT" >&2
+if [ "$REPORT" = 0 ]; then
+    START=$SECONDS
+    uptime >"$OUT/load-before.txt" 2>/dev/null || true
+    for t in $THREADS; do
+        run gemm "$t" "${GEMM[@]}"
+        run lce "$t" "${LCE[@]}"
+        run flex "$t" "${FLEX[@]}"
+        run train "$t" "${TRAIN[@]}"
+    done
+    run fsdp 1 "${FSDP[@]}"
+    uptime >"$OUT/load-after.txt" 2>/dev/null || true
+    echo "gap_table: all benches in $((SECONDS - START)) s; JSON in $OUT" >&2
+fi
 
 "$PY" - "$OUT" "$THREADS" "$("$CLI" version 2>/dev/null | head -1)" <<'EOF'
 import glob
@@ -124,11 +129,11 @@ for p in sorted(glob.glob(os.path.join(out, "*.json"))):
     if i >= 0:
         tv = s[i + 18:s.index('"', i + 18)]
         break
-load = " / ".join(open(os.path.join(out, n)).read().strip().split("load average:")[-1].strip()
-                  for n in ("load-before.txt", "load-after.txt") if os.path.exists(os.path.join(out, n)))
+loadavg = " / ".join(open(os.path.join(out, n)).read().strip().split("load average:")[-1].strip()
+                     for n in ("load-before.txt", "load-after.txt") if os.path.exists(os.path.join(out, n)))
 print("## ctorch vs PyTorch %s\n" % (tv or "(no baseline ran)"))
 print("- CPU: %s, %d online CPUs; %s" % (cpu, os.cpu_count() or 0, version))
-print("- load average before / after: %s" % (load or "unknown"))
+print("- load average before / after: %s" % (loadavg or "unknown"))
 print("- medians of 3 repeats after a warm-up; ratio = PyTorch time / ctorch time (> 1: ctorch faster);"
       " tracked peak: ctorch's allocator, PyTorch's CPU allocator as torch.profiler reports it (inputs and"
       " state added); peak RSS: one case per process\n")
