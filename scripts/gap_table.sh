@@ -5,7 +5,7 @@
 # the JSON in the output folder and prints a markdown table: medians, ctorch / PyTorch ratios,
 # tracked peak and peak RSS, the CPU model and the thread count. Run it on a quiet machine.
 #
-#   bash scripts/gap_table.sh [--out DIR] [--threads "1 2"] [--tiny]
+#   bash scripts/gap_table.sh [--out DIR (default $TMPDIR/ctorch-gap-table-DATE)] [--threads "1 2"] [--tiny]
 #   bash scripts/gap_table.sh --report DIR [--threads "1 2"]   (the table of a finished run)
 #
 # Environment: CTORCH_CLI (default build/ctorch; build it first), CTORCH_PYTHON (default
@@ -28,14 +28,14 @@ while [ $# -gt 0 ]; do
         --threads) THREADS=$2; shift 2 ;;
         --tiny) TINY=1; shift ;;
         --report) OUT=$2; REPORT=1; shift 2 ;;
-        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gap_table.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
 [ -x "$CLI" ] || { echo "gap_table.sh: $CLI is not built (cmake --build build, or set CTORCH_CLI)" >&2; exit 1; }
 [ -x "$PY" ] || { echo "gap_table.sh: $PY is missing (bash scripts/setup.sh --python, or set CTORCH_PYTHON)" >&2; exit 1; }
 export CTORCH_PYTHON=$PY
-[ -n "$OUT" ] || OUT=gap-table-$(date -u +%Y%m%d-%H%M%S)
+[ -n "$OUT" ] || OUT=${TMPDIR:-/tmp}/ctorch-gap-table-$(date -u +%Y%m%d-%H%M%S)
 mkdir -p "$OUT"
 
 if [ "$TINY" = 1 ]; then
