@@ -28,7 +28,7 @@ while [ $# -gt 0 ]; do
         --threads) THREADS=$2; shift 2 ;;
         --tiny) TINY=1; shift ;;
         --report) OUT=$2; REPORT=1; shift 2 ;;
-        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gap_table.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
