@@ -48,6 +48,17 @@ for t in "${TARGETS[@]}"; do
     seeds="$BUILD/fuzz-seeds/tokenizer"
     "$PY" tests/fuzz/make_corpus_tokenizer.py "$seeds"
   fi
+  if [ "$t" = fuzz_jit_cache ]; then  # cache entries: flags, sum length, .sum text, .so bytes
+    seeds="$BUILD/fuzz-seeds/jit_cache"
+    mkdir -p "$seeds"
+    printf '\004\000\000\177ELF\002\001\001' >"$seeds/right"
+    printf '\004\012\000compiler x\177ELF' >"$seeds/right-trailer"
+    printf '\000\025\000sha256 00\nsize 3\nkey\nabc' >"$seeds/wrong"
+    printf '\014\000\000abc' >"$seeds/link"
+    printf '\044\000\000abc' >"$seeds/fifo"
+    printf '\024\000\000abc' >"$seeds/loose"
+    printf '\003\000\000' >"$seeds/absent"
+  fi
   if [ "$t" = fuzz_checkpoint ]; then  # checkpoints and hostile variants, written by a script
     seeds="$BUILD/fuzz-seeds/checkpoint"
     "$PY" tests/fuzz/make_checkpoint_corpus.py "$seeds"
