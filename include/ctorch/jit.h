@@ -82,8 +82,11 @@ CT_API ct_jit_options ct_jit_options_default(void);
  *  the bindings with requires_grad (0: none): set out->param_grad to a buffer of that many
  *  floats to receive their gradients (added). opt NULL: the defaults. Errors: a syntax or type
  *  error names the token and its position (CT_EINVAL); no compiler (CT_EUNSUPPORTED); a
- *  compile error shows the generated source around the line (CT_EINTERNAL); a deadline
- *  (CT_ETIMEDOUT); an unusable cache directory (CT_EIO, CT_EINVAL when others may write it). */
+ *  compile error at a line of the generated source shows the source around it (CT_EINTERNAL,
+ *  a bug); a compiler failure from its surroundings (disk full, limits, a broken compiler)
+ *  names the compiler, its first output line and the cache dir (CT_EIO); a deadline
+ *  (CT_ETIMEDOUT); an unusable cache directory (CT_EIO; CT_EINVAL when it or a parent is
+ *  another user's or writable by others, or a link on the way is: docs/compile.md). */
 CT_API ct_status ct_score_mod_compile(const char *expr, const ct_jit_binding *bindings, int n,
                                       const ct_jit_options *opt, ct_score_mod *out);
 
