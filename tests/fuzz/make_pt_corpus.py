@@ -1,9 +1,11 @@
 #!/usr/bin/python3
-"""Write the seed corpora of the .pt fuzz targets: files written by PyTorch (torch.save, zip
-and legacy formats: state dicts, every dtype, views, nested containers) and hostile ones
-(disallowed globals, memo abuse, truncated frames, compressed / overlapping zips).
+"""Write the seed corpora of the .pt fuzz targets: files written by PyTorch 2.13 (torch.save, zip
+and legacy formats: state dicts, every dtype, including the float8 / uint16-64 / complex32 /
+float4 tensors it writes with _rebuild_tensor_v3 over untyped storages, views, nested
+containers) and hostile ones (disallowed globals, memo abuse, truncated frames, compressed /
+overlapping zips).
 
-Usage: /usr/bin/python3 tests/fuzz/make_pt_corpus.py OUT_DIR
+Usage: .venv/bin/python tests/fuzz/make_pt_corpus.py OUT_DIR
 Writes OUT_DIR/zip (whole files, for fuzz_zip) and OUT_DIR/pickle (legacy files without their
 fixed magic / protocol / sys_info prefix, and bare pickles, for fuzz_pickle).
 """
@@ -33,8 +35,14 @@ def checkpoints():
         "empty": {"e": torch.zeros(0, 3), "s": torch.tensor(2.5)},
     }
     for dt in [torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int32,
-               torch.int64, torch.bool, torch.complex64, torch.complex128]:
+               torch.int64, torch.bool, torch.complex64, torch.complex128,
+               # written with _rebuild_tensor_v3 and an UntypedStorage
+               torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
+               torch.float8_e8m0fnu, torch.uint16, torch.uint32, torch.uint64, torch.complex32]:
         out["dtype-" + str(dt).split(".")[1]] = {"x": torch.ones(3, dtype=dt)}
+    f8 = torch.arange(24.0).reshape(4, 6).to(torch.float8_e5m2)
+    out["views-f8"] = {"base": f8, "t": f8.t(), "blk": f8[1:3, 2:5], "u": torch.arange(6).to(torch.uint16)[1:]}
+    out["dtype-float4"] = {"x": torch.zeros(2, 3, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)}  # refused
     return out
 
 
