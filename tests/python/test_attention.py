@@ -233,3 +233,59 @@ def test_determinism_threads():
     for r in runs[1:]:
         for a, b in zip(runs[0], r):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("case", ["plain", "causal", "bool_mask", "float_mask", "scale", "masked_rows", "bf16",
+                                  "three_dim"])
+def test_scaled_dot_product_attention_is_pytorchs(case):
+    """ct.scaled_dot_product_attention (ct_sdpa_forward / _backward) against PyTorch 2.13's
+    F.scaled_dot_product_attention: output and every gradient, GQA and cross lengths; misuse
+    raises PyTorch's classes."""
+    from ctorch.torch import scaled_dot_product_attention as sdpa
+    g = torch.Generator().manual_seed(5)
+    dt = torch.bfloat16 if case == "bf16" else torch.float32
+    q, k, v = (torch.randn(*s, generator=g).to(dt).requires_grad_() for s in ((2, 4, 37, 16), (2, 2, 45, 16),
+                                                                              (2, 2, 45, 8)))
+    kw = dict(enable_gqa=True)
+    if case == "causal":
+        kw["is_causal"] = True
+    elif case == "bool_mask":
+        kw["attn_mask"] = torch.rand(37, 45, generator=g) > 0.3
+    elif case == "float_mask":
+        kw["attn_mask"] = torch.randn(2, 1, 37, 45, generator=g)
+    elif case == "scale":
+        kw["scale"] = 0.3
+    elif case == "masked_rows":  # rows with no key give 0, in PyTorch 2.13 too
+        m = torch.rand(2, 4, 37, 45, generator=g) > 0.5
+        m[:, :, 3] = False
+        kw["attn_mask"] = m
+    elif case == "three_dim":
+        q, k, v = (x.detach()[0].requires_grad_() for x in (q, k, v))
+    got = sdpa(q, k, v, **kw)
+    want = F.scaled_dot_product_attention(q, k, v, **kw)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    tol = 3e-2 if dt == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    do = torch.randn(want.shape, generator=g).to(dt)
+    for a, r in zip(torch.autograd.grad(got, (q, k, v), do), torch.autograd.grad(want, (q, k, v), do)):
+        torch.testing.assert_close(a, r, atol=tol * 3, rtol=tol * 3)
+    if case == "plain":
+        qq, kk = q.detach(), k.detach()
+        for ours, theirs in (
+                (lambda: sdpa(qq, kk, kk), lambda: F.scaled_dot_product_attention(qq, kk, kk)),  # no enable_gqa
+                (lambda: sdpa(qq, qq, qq, attn_mask=torch.ones(37, 37, dtype=torch.long)),
+                 lambda: F.scaled_dot_product_attention(qq, qq, qq, attn_mask=torch.ones(37, 37, dtype=torch.long))),
+                (lambda: sdpa(qq, qq, qq, attn_mask=torch.ones(36, 37, dtype=torch.bool)),
+                 lambda: F.scaled_dot_product_attention(qq, qq, qq, attn_mask=torch.ones(36, 37, dtype=torch.bool))),
+                (lambda: sdpa(qq.long(), qq.long(), qq.long()),
+                 lambda: F.scaled_dot_product_attention(qq.long(), qq.long(), qq.long()))):
+            with pytest.raises(RuntimeError) as t:
+                theirs()
+            with pytest.raises(type(t.value)):
+                ours()
+        # attn_mask and is_causal both: PyTorch documents an error; 2.13 raises it on some paths
+        # (its math kernel, used with GQA and gradients) and ANDs the two on others: refused here
+        with pytest.raises(RuntimeError, match="is_causal"):
+            sdpa(q, q, q, attn_mask=torch.ones(37, 37, dtype=torch.bool), is_causal=True)
+        with pytest.raises(NotImplementedError, match="dropout"):
+            sdpa(qq, qq, qq, dropout_p=0.1)

@@ -638,7 +638,123 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     return (out, lse) if return_lse else out
 
 
+# ---- scaled_dot_product_attention ---------------------------------------------------------
+
+class _SdpaOptions(ctypes.Structure):
+    _fields_ = [("scale", ctypes.c_float), ("is_causal", ctypes.c_bool), ("attn_mask", _vp)]
+
+
+lib.ct_sdpa_options_default.restype = _SdpaOptions
+lib.ct_sdpa_options_default.argtypes = []
+lib.ct_sdpa_forward.argtypes = [_P(_Tensor)] * 3 + [_P(_SdpaOptions), _P(_Tensor), _P(_Tensor)]
+lib.ct_sdpa_backward.argtypes = [_P(_Tensor)] * 6 + [_P(_SdpaOptions)] + [_P(_Tensor)] * 3
+_MASK_DT = {torch.bool: 9, torch.uint8: 5, torch.float32: 0}
+
+
+def _sdpa_options(mask, is_causal, scale):
+    o = lib.ct_sdpa_options_default()
+    o.scale, o.is_causal = scale, bool(is_causal)
+    keep = None
+    if mask is not None:
+        c = _Tensor()
+        c.data, c.dtype, c.ndim = mask.data_ptr(), _MASK_DT[mask.dtype], mask.dim()
+        for i, (n, st) in enumerate(zip(mask.shape, mask.stride())):
+            c.shape[i], c.strides[i] = n, st
+        o.attn_mask = ctypes.addressof(c)
+        keep = c
+    return o, keep
+
+
+class _SDPA(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, mask, is_causal, scale):
+        B, Hq, L, _ = q.shape
+        out = torch.empty(B, Hq, L, v.shape[-1], dtype=q.dtype)
+        lse = torch.empty(B, Hq, L, dtype=torch.float32)
+        o, keep = _sdpa_options(mask, is_causal, scale)
+        check(lib.ct_sdpa_forward(_tensor(q)[0], _tensor(k)[0], _tensor(v)[0], ctypes.byref(o),
+                                  _tensor(out)[0], _tensor(lse)[0]))
+        del keep
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.extra = (mask, is_causal, scale)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        mask, is_causal, scale = ctx.extra
+        need = ctx.needs_input_grad
+        dout = dout.to(q.dtype).contiguous()
+        grads = [torch.empty_like(x) if need[i] else None for i, x in enumerate((q, k, v))]
+        o, keep = _sdpa_options(mask, is_causal, scale)
+        t = [_tensor(x) for x in (q, k, v, out, lse, dout, *grads)]
+        check(lib.ct_sdpa_backward(*[x[0] for x in t[:6]], ctypes.byref(o),
+                                   *[None if x is None else x[0] for x in t[6:]]))
+        del keep
+        return (*grads, None, None, None)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):
+    """torch.nn.functional.scaled_dot_product_attention on ctorch's attention kernels (dense,
+    deterministic backward): query [B, Hq, L, E] (or [Hq, L, E]), key / value [B, Hkv, S, *],
+    Hq != Hkv with enable_gqa; attn_mask bool (True = attend) or float (added to the scores,
+    no gradient), broadcast to [B, Hq, L, S], or is_causal (top-left aligned; not both, as
+    PyTorch documents). Fully masked rows give 0, as PyTorch 2.13.
+    dropout_p > 0 is refused (NotImplementedError): ctorch has no attention dropout."""
+    fn = "scaled_dot_product_attention"
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        C.floating(fn, name, t)
+    if not (query.dtype == key.dtype == value.dtype):
+        C.fail(RuntimeError, fn, f"Expected query, key, and value to have the same dtype, but got query.dtype: "
+                                 f"{query.dtype} key.dtype: {key.dtype} and value.dtype: {value.dtype} instead.")
+    if dropout_p:
+        C.fail(NotImplementedError, fn, f"dropout_p={dropout_p}: ctorch has no attention dropout (use 0.0)")
+    three = query.dim() == 3
+    if three and key.dim() == 3 and value.dim() == 3:
+        query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        C.fail(ValueError, fn, "query, key and value must be 4-D [B, H, L, E] (or 3-D [H, L, E])")
+    B, Hq, L, E = query.shape
+    Hkv, S = key.shape[1], key.shape[2]
+    if key.shape[0] != B or value.shape[0] != B or value.shape[2] != S or key.shape[-1] != E:
+        C.fail(RuntimeError, fn, f"query {tuple(query.shape)}, key {tuple(key.shape)} and value "
+                                 f"{tuple(value.shape)} do not fit")
+    if Hkv != value.shape[1] or (Hq != Hkv and (not enable_gqa or Hq % Hkv)):
+        C.fail(RuntimeError, fn, f"The size of tensor a ({Hq}) must match the size of tensor b ({Hkv}) at "
+                                 f"non-singleton dimension 1 (query heads vs key/value heads: enable_gqa=True "
+                                 f"with a multiple)")
+    mask = None
+    if attn_mask is not None:
+        C.tensor(fn, "attn_mask", attn_mask)
+        if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+            C.fail(RuntimeError, fn, f"Expected attn_mask dtype to be bool or float or to match query dtype, but "
+                                     f"got attn_mask.dtype: {attn_mask.dtype} and  query.dtype: {query.dtype} "
+                                     f"instead.")
+        if attn_mask.is_floating_point() and attn_mask.requires_grad:
+            C.fail(NotImplementedError, fn, "a float attn_mask that requires grad: ctorch gives it no gradient")
+        if attn_mask.dim() > 4 or attn_mask.dim() < 1:
+            C.fail(RuntimeError, fn, f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
+                                     f"{(B, Hq, L, S)}")
+        m = attn_mask.reshape((1,) * (2 - attn_mask.dim()) + tuple(attn_mask.shape)) if attn_mask.dim() < 2 \
+            else attn_mask
+        for d, (have, want) in enumerate(zip(m.shape[::-1], (S, L, Hq, B))):
+            if have not in (1, want):
+                C.fail(RuntimeError, fn, f"The size of tensor a ({want}) must match the size of tensor b ({have}) "
+                                         f"at non-singleton dimension {3 - d}")
+        if is_causal:  # PyTorch's documented rule ("an error is thrown if both are set")
+            C.fail(RuntimeError, fn, "_scaled_dot_product_attention: Explicit attn_mask should not be set when "
+                                     "is_causal=True")
+        mask = m if m.dtype == torch.bool else m.detach().to(torch.float32)
+    dt = query.dtype
+    work = dt if dt in (torch.float32, torch.bfloat16) else torch.float32
+    q, k, v = (x.to(work).contiguous() for x in (query, key, value))
+    s = 1.0 / math.sqrt(E) if scale is None else float(scale)
+    out = _SDPA.apply(q, k, v, mask, bool(is_causal), s).to(dt)
+    return out.squeeze(0) if three else out
+
+
 # The ctypes mirrors above match the C structs of the loaded library (or this import fails).
 from .._lib import check_layouts as _check_layouts  # noqa: E402
 
-_check_layouts({_Tile: "ct_attn_tile", _MaskMod: "ct_mask_mod", _ScoreMod: "ct_score_mod", _BlockMask: "ct_block_mask", _BlockMaskOptions: "ct_block_mask_options", _FlexOptions: "ct_flex_options", _Tensor: "ct_tensor"})
+_check_layouts({_SdpaOptions: "ct_sdpa_options", _Tile: "ct_attn_tile", _MaskMod: "ct_mask_mod", _ScoreMod: "ct_score_mod", _BlockMask: "ct_block_mask", _BlockMaskOptions: "ct_block_mask_options", _FlexOptions: "ct_flex_options", _Tensor: "ct_tensor"})
