@@ -104,6 +104,23 @@ def test_rms_norm(isa, shape, affine):
     _compare(lambda t, u: rms_norm(t, u, eps=1e-6), lambda t, u: _rms_ref(t, u, 1e-6), [x, w], gatol=1e-4)
 
 
+@pytest.mark.parametrize("ns", [(64,), (5, 64), [64]])
+def test_rms_norm_is_f_rms_norm(ns):
+    """rms_norm takes F.rms_norm's arguments (input, normalized_shape, weight, eps), one or more
+    trailing dims; the same values, gradients and errors."""
+    x = _x(2, 5, 64, lo=-2, hi=3)
+    shape = (ns,) if isinstance(ns, int) else ns
+    w = _x(*shape, lo=0.5, hi=1.5, seed=2)
+    _compare(lambda t: rms_norm(t, ns), lambda t: F.rms_norm(t, ns), [x])
+    _compare(lambda t, u: rms_norm(t, ns, u), lambda t, u: F.rms_norm(t, ns, u), [x, w], gatol=1e-4)
+    _compare(lambda t, u: rms_norm(t, ns, u, 1e-3), lambda t, u: F.rms_norm(t, ns, u, 1e-3), [x, w], gatol=1e-4)
+    for bad in ((7,), (4, 64)):
+        with pytest.raises(RuntimeError):
+            F.rms_norm(x, bad)
+        with pytest.raises(RuntimeError):
+            rms_norm(x, bad)
+
+
 def test_rms_norm_default_eps():
     """eps None is finfo(input.dtype).eps, as F.rms_norm's (on the same float32 input)."""
     x = _x(3, 8) * 1e-4

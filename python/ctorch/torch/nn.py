@@ -1,7 +1,7 @@
 """Activations, normalisation and rotary embedding as torch.autograd functions over libctorch.
 
-Drop-ins for torch.nn.functional.gelu / silu / layer_norm, PyTorch 2.x's rms_norm (over the
-last dim), the SwiGLU gate of Llama's MLP and Llama's rotate-half RoPE. CPU tensors only.
+Drop-ins for torch.nn.functional.gelu / silu / layer_norm / rms_norm (F.rms_norm's
+arguments), the SwiGLU gate of Llama's MLP and Llama's rotate-half RoPE. CPU tensors only.
 bfloat16 inputs use the bf16 kernels (f32 maths inside); every other dtype is computed in
 float32 and cast back to the input's dtype.
 """
@@ -159,20 +159,41 @@ class _RMSNorm(torch.autograd.Function):
         return dx.to(ctx.dtypes[0]), _grad_out(dw, ctx.dtypes[1]), None
 
 
-def rms_norm(x, weight=None, eps=None):
-    """RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * weight (weight [C] or None).
-    eps None means torch.finfo(x.dtype).eps, as torch.nn.functional.rms_norm."""
+def rms_norm(input, normalized_shape=None, weight=None, eps=None):
+    """F.rms_norm(input, normalized_shape, weight=None, eps=None): RMSNorm over the trailing
+    normalized_shape dims, x / sqrt(mean(x^2) + eps) * weight; eps None means
+    torch.finfo(input.dtype).eps, as PyTorch. ctorch's earlier form rms_norm(x, weight=None,
+    eps=None) (the last dim, a tensor or nothing second) still works."""
+    x = input
+    if normalized_shape is None or isinstance(normalized_shape, torch.Tensor):  # rms_norm(x, weight, eps)
+        if weight is not None and not isinstance(weight, torch.Tensor):
+            eps, weight = weight, None
+        weight = normalized_shape if weight is None else weight
+        normalized_shape = None
     C.floating("rms_norm", "input", x)
     if x.dim() == 0:
         C.fail(RuntimeError, "rms_norm", "x needs at least one dim")
+    if normalized_shape is None:
+        ns = (x.shape[-1],)
+    else:
+        ns = (int(normalized_shape),) if isinstance(normalized_shape, int) else tuple(int(n) for n in normalized_shape)
+        if not ns or tuple(x.shape[x.dim() - len(ns):]) != ns or len(ns) > x.dim():
+            C.fail(RuntimeError, "rms_norm", f"Given normalized_shape={list(ns)}, expected input with shape "
+                                             f"[*, {', '.join(map(str, ns))}], but got input of size"
+                                             f"{list(x.shape)}")
     if weight is not None:
         C.floating("rms_norm", "weight", weight)
-        if tuple(weight.shape) != (x.shape[-1],):
+        if tuple(weight.shape) != ns:
             C.fail(RuntimeError, "rms_norm", f"Expected weight to be of same shape as normalized_shape, but got "
                                              f"weight of shape {list(weight.shape)} and normalized_shape = "
-                                             f"[{x.shape[-1]}]")
+                                             f"{list(ns)}")
     if eps is None:
         eps = torch.finfo(x.dtype).eps if x.is_floating_point() else torch.finfo(torch.float32).eps
+    if len(ns) > 1:  # the trailing dims as one
+        n = math.prod(ns)
+        out = _RMSNorm.apply(x.reshape(*x.shape[:x.dim() - len(ns)], n),
+                             None if weight is None else weight.reshape(n), float(eps))
+        return out.reshape(x.shape)
     return _RMSNorm.apply(x, weight, float(eps))
 
 
