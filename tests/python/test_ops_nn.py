@@ -109,7 +109,7 @@ def test_rms_norm_is_f_rms_norm(ns):
     """rms_norm takes F.rms_norm's arguments (input, normalized_shape, weight, eps), one or more
     trailing dims; the same values, gradients and errors."""
     x = _x(2, 5, 64, lo=-2, hi=3)
-    shape = (ns,) if isinstance(ns, int) else ns
+    shape = tuple(ns)
     w = _x(*shape, lo=0.5, hi=1.5, seed=2)
     _compare(lambda t: rms_norm(t, ns), lambda t: F.rms_norm(t, ns), [x])
     _compare(lambda t, u: rms_norm(t, ns, u), lambda t, u: F.rms_norm(t, ns, u), [x, w], gatol=1e-4)
