@@ -64,7 +64,9 @@ def compare(q, k, v, dout, mask_mod=None, score_mod=None, block=16, B=None, H=No
     L, S = q.shape[2], k.shape[2]
     bm = create_block_mask(mask_mod, B, H, L, S, BLOCK_SIZE=block) if mask_mod is not None else None
     gqa = q.shape[1] != k.shape[1]
-    out, lse = flex_attention(q, k, v, score_mod=score_mod, block_mask=bm, enable_gqa=gqa, return_lse=True)
+    out, aux = flex_attention(q, k, v, score_mod=score_mod, block_mask=bm, enable_gqa=gqa,
+                              return_aux=TF.AuxRequest(lse=True))  # PyTorch 2.13's keyword
+    lse = aux.lse
     grads = torch.autograd.grad(out, (q, k, v) + tuple(extra), dout)
     qr, kr, vr = (x.detach().double().requires_grad_() for x in (q, k, v))
     ex = tuple(e.detach().double().requires_grad_() for e in extra)
@@ -289,3 +291,19 @@ def test_scaled_dot_product_attention_is_pytorchs(case):
             sdpa(q, q, q, attn_mask=torch.ones(37, 37, dtype=torch.bool), is_causal=True)
         with pytest.raises(NotImplementedError, match="dropout"):
             sdpa(qq, qq, qq, dropout_p=0.1)
+
+
+def test_flex_attention_signature_is_pytorchs():
+    """flex_attention takes every parameter of PyTorch 2.13's, by the same name, kind and
+    default (return_aux with lse included; max_scores refused)."""
+    import inspect
+    tp = inspect.signature(TF.flex_attention).parameters
+    op = inspect.signature(flex_attention).parameters
+    assert list(op) == list(tp)
+    for name, p in tp.items():
+        assert op[name].kind == p.kind and op[name].default == p.default, name
+    q, k, v, _ = inputs(1, 2, 2, 20, 20, 8, 8)
+    out, aux = flex_attention(q, k, v, return_aux=TF.AuxRequest())
+    assert aux.lse is None and aux.max_scores is None
+    with pytest.raises(NotImplementedError):
+        flex_attention(q, k, v, return_aux=TF.AuxRequest(max_scores=True))

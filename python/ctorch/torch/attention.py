@@ -601,7 +601,7 @@ def check_flex_inputs(fn, query, key, value, block_mask=None):
 
 
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
-                   return_lse=False, kernel_options=None):
+                   return_lse=False, kernel_options=None, *, return_aux=None):
     """torch.nn.attention.flex_attention on the CPU with a backward. query [B, Hq, L, E],
     key [B, Hkv, S, E], value [B, Hkv, S, Ev]; Hq != Hkv needs enable_gqa=True (any multiple).
     score_mod: None, one of score_mods, or a function ``(score, b, h, q_idx, kv_idx) -> score``
@@ -610,7 +610,16 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     block_mask: from create_block_mask (None: dense).
     Returns out [B, Hq, L, Ev] (and lse [B, Hq, L] f32 with return_lse; fully masked rows give
     out 0 and lse -inf). f32 and bf16 run natively (bf16 with f32 accumulation); other float
-    dtypes are computed in f32."""
+    dtypes are computed in f32. return_aux (PyTorch 2.13's keyword): an AuxRequest-like
+    (lse, max_scores); out and an AuxOutput come back, lse filled when asked; max_scores is
+    refused (NotImplementedError)."""
+    want_lse = return_lse
+    if return_aux is not None:
+        if return_lse:
+            raise ValueError("flex_attention: give return_lse or return_aux, not both")
+        if getattr(return_aux, "max_scores", False):
+            C.fail(NotImplementedError, "flex_attention", "return_aux max_scores: ctorch returns lse only")
+        want_lse = bool(getattr(return_aux, "lse", False))
     check_flex_inputs("flex_attention", query, key, value, block_mask)
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         raise ValueError("flex_attention: query, key and value must be 4-D [B, H, L, E]")
@@ -635,6 +644,9 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     param = score_mod.param if score_mod is not None else None
     out, lse = _FlexAttention.apply(q, k, v, param, block_mask, score_mod, s)
     out = out.to(dt)
+    if return_aux is not None:
+        from torch.nn.attention.flex_attention import AuxOutput
+        return out, AuxOutput(lse=lse if want_lse else None)
     return (out, lse) if return_lse else out
 
 
