@@ -150,8 +150,6 @@ def test_module_is_nn_linear_cross_entropy_loss():
         go = torch.autograd.grad(got, [h] + list(ours.parameters()), up.reshape(got.shape))
         for a, r in zip(go, gw):
             torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-6)
-    with pytest.raises(NotImplementedError):
-        ct.LinearCrossEntropyLoss(17, 61, out_features=(2,))
     with pytest.raises(RuntimeError):
         ct.LinearCrossEntropyLoss(17, 61, weight=torch.ones(3))
 
@@ -244,3 +242,30 @@ def test_deterministic_across_threads():
     for other in outs[1:]:
         for a, c in zip(outs[0], other):
             assert torch.equal(a, c)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_k_dimensional_loss(reduction):
+    """linear_weight [C, d1, d2, D] (PyTorch 2.13's K-dimensional loss): the same loss and
+    gradients as F.linear_cross_entropy, with a bias, class weights, ignored targets and label
+    smoothing; and nn.LinearCrossEntropyLoss(out_features=...) with torch's weights loaded."""
+    torch.manual_seed(11)
+    N, D, Cn, outf = 7, 9, 13, (3, 2)
+    h = torch.randn(N, D, requires_grad=True)
+    w = (torch.randn(Cn, *outf, D) * 0.4).requires_grad_()
+    b = (torch.randn(Cn, *outf) * 0.3).requires_grad_()
+    y = torch.randint(0, Cn, (N, *outf))
+    y[0, 1, 1] = y[3, 0, 0] = -100
+    cw = torch.rand(Cn) + 0.5
+    for kw in (dict(), dict(weight=cw, label_smoothing=0.1)):
+        want = F.linear_cross_entropy(h, w, y, linear_bias=b, reduction=reduction, **kw)
+        got = ct.linear_cross_entropy(h, w, y, linear_bias=b, reduction=reduction, **kw)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        up = torch.rand(want.shape) + 0.5
+        for a, r in zip(grads(got, [h, w, b], up), grads(want, [h, w, b], up)):
+            torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-6)
+    theirs = torch.nn.LinearCrossEntropyLoss(D, Cn, out_features=outf, bias=True, reduction=reduction)
+    ours = ct.LinearCrossEntropyLoss(D, Cn, out_features=outf, bias=True, reduction=reduction)
+    ours.load_state_dict(theirs.state_dict())
+    torch.testing.assert_close(ours(h, y), theirs(h, y), rtol=1e-5, atol=1e-5)

@@ -1,6 +1,7 @@
 """Fused linear + cross-entropy (PyTorch 2.13's F.linear_cross_entropy, plus z-loss and
 softcap) and cross-entropy on logits, as torch.autograd functions over libctorch."""
 import ctypes
+import math
 
 import torch
 
@@ -192,9 +193,9 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
     (loss, z_term); the z term is already part of loss.
     input [..., D] and linear_weight [V, D] share one floating dtype (f32 and bf16 run
     natively, others in f32); target holds one class index per row of input. Every misuse
-    raises what F.linear_cross_entropy raises (ctorch.torch._checks). Not computed (refused,
-    NotImplementedError): class-probability targets and K-dimensional weights
-    [V, d1, ..., D]."""
+    raises what F.linear_cross_entropy raises (ctorch.torch._checks). K-dimensional weights
+    [V, d1, ..., D] (input [N, D], target [N, d1, ...]) run one fused pass per position.
+    Class-probability targets are refused (NotImplementedError)."""
     fn = "linear_cross_entropy"
     C.tensor(fn, "input", input)
     C.tensor(fn, "linear_weight", linear_weight)
@@ -203,8 +204,8 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
     if input.dim() < 1:
         C.fail(RuntimeError, fn, "both arguments to matmul need to be at least 1D (input is 0-D)")
     if linear_weight.dim() > 2:
-        C.fail(NotImplementedError, fn, f"linear_weight of shape {tuple(linear_weight.shape)} is K-dimensional "
-                                        f"([C, d1, ..., in_features]); ctorch computes [C, in_features] only")
+        return _k_dim(fn, input, linear_weight, target, linear_bias, weight, reduction, ignore_index,
+                      label_smoothing, options, z_loss, softcap, return_z_loss, scratch_bytes)
     C.dims(fn, "linear_weight", linear_weight, (2,))
     D = input.shape[-1]
     V, Dw = linear_weight.shape
@@ -229,13 +230,60 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
     return (loss, z) if return_z_loss else loss
 
 
+def _k_dim(fn, input, w, target, bias, weight, reduction, ignore_index, label_smoothing, options, z_loss, softcap,
+           return_z_loss, scratch_bytes):
+    """K-dimensional loss (linear_weight [C, d1, ..., dK, D], input [N, D], target [N, d1, ...]):
+    logits[n, c, j] = input[n] . w[c, j]; one fused pass per position j (its [C, D] slice),
+    summed, and for "mean" divided by the weight of the counted targets over all positions (as
+    PyTorch's cross_entropy over [N, C, d1, ...])."""
+    Cn, outf, D = w.shape[0], tuple(w.shape[1:-1]), w.shape[-1]
+    if input.dim() != 2:
+        C.fail(RuntimeError, fn, f"multi-dimensional linear_weight {tuple(w.shape)} needs batched input "
+                                 f"(N, in_features), got {tuple(input.shape)}")
+    if input.shape[1] != D:
+        C.fail(RuntimeError, fn, f"expected equal input and linear_weight last dimensions (in_features), got "
+                                 f"{input.shape[1]} and {D}, respectively")
+    if bias is not None:
+        C.tensor(fn, "linear_bias", bias)
+        if tuple(bias.shape) != (Cn, *outf):
+            C.fail(RuntimeError, fn, f"expected linear_bias shape {(Cn, *outf)}, got {tuple(bias.shape)}")
+    C.tensor(fn, "target", target)
+    N = input.shape[0]
+    if target.is_floating_point():
+        C.fail(NotImplementedError, fn, "class-probability targets: ctorch computes class-index targets only")
+    if tuple(target.shape) != (N, *outf):
+        C.fail(RuntimeError, fn, f"target of shape {tuple(target.shape)} does not fit (N, *out_features) = "
+                                 f"{(N, *outf)}")
+    C.reduction(fn, reduction)
+    K = math.prod(outf)
+    wk = w.reshape(Cn, K, D)
+    bk = None if bias is None else bias.reshape(Cn, K)
+    tk = target.reshape(N, K)
+    red = "none" if reduction == "none" else "sum"
+    parts = [linear_cross_entropy(input, wk[:, j], tk[:, j], linear_bias=None if bk is None else bk[:, j],
+                                  weight=weight, reduction=red, ignore_index=ignore_index,
+                                  label_smoothing=label_smoothing, options=options, z_loss=z_loss, softcap=softcap,
+                                  return_z_loss=True, scratch_bytes=scratch_bytes) for j in range(K)]
+    if reduction == "none":
+        loss = torch.stack([p[0] for p in parts], 1).reshape(N, *outf)
+        z = torch.stack([p[1].to(loss.dtype) for p in parts], 1).reshape(N, *outf)
+    else:
+        loss = sum(p[0] for p in parts)
+        z = sum(p[1].to(loss.dtype) for p in parts)
+        if reduction == "mean":
+            ii = -100 if ignore_index is None else ignore_index
+            valid = tk != ii
+            den = valid.sum() if weight is None else weight.detach()[tk[valid]].sum()
+            loss, z = loss / den.to(loss.dtype), z / den.to(loss.dtype)
+    return (loss, z) if return_z_loss else loss
+
+
 class LinearCrossEntropyLoss(torch.nn.Module):
     """PyTorch 2.13's nn.LinearCrossEntropyLoss: the same constructor (in_features,
     num_classes, bias, device, dtype, reduction, weight, ignore_index, label_smoothing,
     options), the same parameters and state_dict keys (``linear.weight``, ``linear.bias``, the
     ``weight`` buffer) and ``forward(input, target)``, over ctorch's fused loss; plus
-    ``z_loss`` and ``softcap``. ``out_features`` other than () (K-dimensional loss) is refused
-    (NotImplementedError)."""
+    ``z_loss`` and ``softcap``; ``out_features`` (K-dimensional loss) as PyTorch's."""
 
     def __init__(self, in_features, num_classes, *, out_features=(), bias=False, device=None, dtype=None,
                  reduction="mean", weight=None, ignore_index=None, label_smoothing=0.0, options=None,
@@ -245,9 +293,6 @@ class LinearCrossEntropyLoss(torch.nn.Module):
             C.fail(RuntimeError, fn, f"expected weight shape to be {(num_classes,)}, got {tuple(weight.shape)}")
         if label_smoothing < 0 or label_smoothing > 1.0:
             C.fail(RuntimeError, fn, f"expected label_smoothing to be in range [0, 1], got {label_smoothing}")
-        if tuple(out_features) != ():
-            C.fail(NotImplementedError, fn, f"out_features={tuple(out_features)} (K-dimensional loss): ctorch "
-                                            f"computes out_features=() only")
         C.reduction(fn, reduction)
         _lce_options(fn, options)
         super().__init__()
@@ -257,12 +302,15 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         self.out_features = tuple(out_features)
         self.ignore_index = ignore_index
         self.label_smoothing = label_smoothing
-        self.linear = torch.nn.Linear(in_features, num_classes, bias=bias, device=device, dtype=dtype)
+        self.linear = torch.nn.Linear(in_features, math.prod(self.out_features, start=num_classes), bias=bias,
+                                      device=device, dtype=dtype)
         self.options = options
         self.z_loss, self.softcap = z_loss, softcap
 
     def forward(self, input, target):
-        return linear_cross_entropy(input, self.linear.weight, target, linear_bias=self.linear.bias,
+        w = self.linear.weight.reshape(self.num_classes, *self.out_features, self.linear.in_features)
+        b = None if self.linear.bias is None else self.linear.bias.reshape(self.num_classes, *self.out_features)
+        return linear_cross_entropy(input, w, target, linear_bias=b,
                                     weight=self.weight, reduction=self.reduction, ignore_index=self.ignore_index,
                                     label_smoothing=self.label_smoothing, options=self.options,
                                     z_loss=self.z_loss, softcap=self.softcap)
