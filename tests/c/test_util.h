@@ -96,6 +96,14 @@ static inline void t_fill(float *x, size_t n, float lo, float hi)
     for (size_t i = 0; i < n; i++) x[i] = t_uniform(lo, hi);
 }
 
+/* CT_TEST_REDUCED=1 (scripts/test-aarch64.sh sets it under qemu, ~10-50x slower than the
+ * host): a test may cut the sizes of its heaviest cases, keeping every path they reach. */
+static inline int t_reduced(void)
+{
+    const char *e = getenv("CT_TEST_REDUCED");
+    return e && e[0] == '1' && e[1] == '\0';
+}
+
 static inline int t_report(const char *name)
 {
     printf("%s: %d checks, %d failed\n", name, t_checks, t_failures);
