@@ -7,13 +7,15 @@
 # targets (fuzz_zip, fuzz_pickle) start from seeds written by tests/fuzz/make_pt_corpus.py.
 #
 # Usage: bash tests/fuzz/run_fuzz.sh [SECONDS_PER_TARGET (default 30)] [TARGET...]
-# Env:   FUZZ_BUILD_DIR (default build-fuzz), FUZZ_JOBS (parallel fuzzing processes, default 1)
+# Env:   FUZZ_BUILD_DIR (default build-fuzz), FUZZ_JOBS (libFuzzer processes per target, default 1),
+#        FUZZ_PARALLEL (targets fuzzed at once, default the online CPUs)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SECONDS_PER_TARGET=${1:-30}
 shift || true
 BUILD=${FUZZ_BUILD_DIR:-build-fuzz}
 JOBS=${FUZZ_JOBS:-1}
+PARALLEL=${FUZZ_PARALLEL:-$(nproc)}
 SEEDS=tests/fuzz/corpus/safetensors
 
 command -v clang >/dev/null || { echo "run_fuzz.sh: clang is needed (apt-get install clang libclang-rt-14-dev)"; exit 1; }
@@ -37,7 +39,8 @@ PY=${CTORCH_PYTHON:-.venv/bin/python}
 # backtrace and exit before libFuzzer can write the crashing input. Leave signals to libFuzzer.
 export UCX_HANDLE_ERRORS=${UCX_HANDLE_ERRORS:-none}
 status=0
-for t in "${TARGETS[@]}"; do
+declare -A SEED
+for t in "${TARGETS[@]}"; do  # the seeds first, one target after another
   work="$BUILD/fuzz-corpus/$t"   # new inputs go here; the seed folder stays untouched
   mkdir -p "$work" "$BUILD/fuzz-artifacts"
   seeds=$SEEDS
@@ -85,14 +88,33 @@ for t in "${TARGETS[@]}"; do
       "$PY" tests/fuzz/make_pt_corpus.py "$BUILD/fuzz-seeds/pt" >/dev/null
       seeds="$BUILD/fuzz-seeds/pt/${t#fuzz_}" ;;
   esac
-  echo "== $t: ${SECONDS_PER_TARGET} s"
+  SEED[$t]=$seeds
+done
+
+# Run the targets PARALLEL at a time (default: the online CPUs, so two at once on a 2-core
+# machine: the same fuzzing time per target in half the wall time); each one's report is
+# printed when all are done, in order.
+run_one() {
+  local t=$1 seeds=$2 work="$BUILD/fuzz-corpus/$1"
   if ! "$BUILD/$t" "$work" "$seeds" -max_total_time="$SECONDS_PER_TARGET" -max_len=65536 \
        -timeout=10 -rss_limit_mb=2048 -jobs="$JOBS" -workers="$JOBS" -print_final_stats=1 \
        -artifact_prefix="$BUILD/fuzz-artifacts/$t-" 2>"$BUILD/$t.log"; then
-    status=1
     echo "!! $t found a problem: see $BUILD/$t.log and $BUILD/fuzz-artifacts/"
     tail -40 "$BUILD/$t.log"
+    return 1
   fi
   grep -E "stat::number_of_executed_units|stat::average_exec_per_sec|stat::peak_rss_mb" "$BUILD/$t.log" || true
+}
+echo "== ${#TARGETS[@]} targets, ${SECONDS_PER_TARGET} s each, $PARALLEL at a time"
+for t in "${TARGETS[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$PARALLEL" ]; do wait -n || true; done
+  rm -f "$BUILD/$t.rc"
+  ( rc=0; run_one "$t" "${SEED[$t]}" >"$BUILD/$t.report" 2>&1 || rc=$?; echo "$rc" >"$BUILD/$t.rc" ) &
+done
+wait
+for t in "${TARGETS[@]}"; do
+  echo "== $t: ${SECONDS_PER_TARGET} s"
+  cat "$BUILD/$t.report"
+  [ "$(cat "$BUILD/$t.rc" 2>/dev/null)" = 0 ] || status=1
 done
 exit $status
