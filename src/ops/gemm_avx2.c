@@ -58,6 +58,13 @@ static void kernel_6x16(int64_t kc, const float *ap, const float *bp, float *c, 
                         float alpha, float beta)
 {
     _Alignas(32) float t[MR * NR];
+    /* C is read (beta != 0) and written after the k loop: fetch its rows now so the k loop
+     * hides the misses (rows ldc apart, which the hardware prefetchers do not follow; C of a
+     * big product leaves the caches between K slices). */
+    for (int i = 0; i < m; i++) {
+        _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
+        _mm_prefetch((const char *)(c + i * ldc + n - 1), _MM_HINT_T0);
+    }
     mul_6x16(kc, ap, bp, t);
     int b0 = beta == 0.0f;
     if (m == MR && n == NR) {
