@@ -21,6 +21,7 @@ static const struct {
     {"fsdp", bench_fsdp, "training at N=1 and N=2 ranks: FSDP overlap on/off, DP, vs PyTorch DDP / FSDP2"},
     {"hf", bench_hf, "open a multi-GiB sharded Hugging Face directory vs ct_load of its shards"},
     {"kernels", bench_kernels, "each kernel family per instruction set vs scalar and the copy / FMA bound"},
+    {"scaling", bench_scaling, "hot paths of training at 1..N threads: speedup, efficiency, beside PyTorch 2.13"},
     {"generate", bench_generate, "decode with the KV cache vs recomputing the sequence, prompt/decode tok/s"},
 };
 

@@ -20,10 +20,7 @@ static ct_status run_step(void *p)
     return ct_trainer_step(((tcase *)p)->t, NULL);
 }
 
-typedef struct bconf {
-    ct_gpt_config cfg;
-    long long batch;
-} bconf;
+typedef bench_train_conf bconf; /* bench_util.h: shared with bench scaling */
 
 /* The batch: B windows of T + 1 tokens of the built-in corpus, as one stream whose rows are
  * stream[b T .. b T + T] (what the trainer reads, and what "tokens" [B, T+1] holds). */
@@ -374,4 +371,20 @@ int bench_train(bench_ctx *b, int argc, char **argv)
     }
     json_decref(j);
     return 0;
+}
+
+/* The batch, options and weights file of this benchmark, for `ctorch bench scaling`. */
+int32_t *bench_train_stream(const bench_train_conf *c, int64_t *n)
+{
+    return make_stream(c, n);
+}
+
+ct_train_options bench_train_options(const bench_train_conf *c, const char *name)
+{
+    return step_options(c, name);
+}
+
+int bench_train_write_weights(const bench_train_conf *c, const char *path)
+{
+    return write_weights(c, path);
 }

@@ -48,6 +48,19 @@ void bench_print_json(json_t *j);
 /* The common header: machine figures (threads, isa, sgemm rate). */
 json_t *bench_machine_json(double sgemm);
 
+/* bench train's model and batch (bench_train.c), shared with bench scaling: the stream of
+ * B windows of T + 1 corpus tokens (malloc'd; NULL on failure), the step's options for a case
+ * name ("fused-flex", "unfused-flex", "fused-dense"), and the weights file (parameters, the
+ * batch as "tokens" [B, T+1], config and train metadata) that bench/torch_train.py reads;
+ * the last returns 0 or prints the failure and returns non-zero. */
+typedef struct bench_train_conf {
+    ct_gpt_config cfg;
+    long long batch;
+} bench_train_conf;
+int32_t *bench_train_stream(const bench_train_conf *c, int64_t *n);
+ct_train_options bench_train_options(const bench_train_conf *c, const char *name);
+int bench_train_write_weights(const bench_train_conf *c, const char *path);
+
 int bench_gemm(bench_ctx *b, int argc, char **argv);
 int bench_lce(bench_ctx *b, int argc, char **argv);
 int bench_flex(bench_ctx *b, int argc, char **argv);
@@ -60,6 +73,7 @@ int bench_tokenizer(bench_ctx *b, int argc, char **argv);
 int bench_fsdp(bench_ctx *b, int argc, char **argv);
 int bench_hf(bench_ctx *b, int argc, char **argv);
 int bench_kernels(bench_ctx *b, int argc, char **argv);
+int bench_scaling(bench_ctx *b, int argc, char **argv);
 /* 1-core FMA-loop GFLOP/s of the best instruction set (0 without SIMD); bench_kernels.c. */
 double bench_fma_gflops_1core(int repeats);
 
