@@ -60,8 +60,10 @@ class Runner:
         """make() -> (callable to time, extra dict) under the current thread count; called once per
         thread count after torch.set_num_threads and a dynamo reset. Returns seconds, first calls."""
         secs, firsts = [], []
+        self.threads_seen = []
         for n in self.a.threads:
             torch.set_num_threads(n)
+            self.threads_seen.append(torch.get_num_threads())
             if self.compile:
                 torch._dynamo.reset()
             fn = make()
@@ -291,8 +293,10 @@ def main():
         if name == "train_step" and not a.weights:
             tc.fail(r.mode(), "train_step needs --weights")
             return
+        r.threads_seen = []
         c = run[name]()
         c.setdefault("status", "ok")
+        c["threads"] = r.threads_seen  # torch.get_num_threads() at each count, as run
         out["cases"][name] = c
     tc.dump(out)
 
