@@ -180,15 +180,34 @@ int cmd_tokenizer(int argc, char **argv)
         }
         size_t cap = strlen(idtext) / 2 + 1, n = 0;
         int32_t *ids = malloc(cap * sizeof *ids);
+        if (!ids) {
+            fprintf(stderr, "ctorch tokenizer decode: out of memory for --ids\n");
+            ct_tokenizer_free(t);
+            return 1;
+        }
+        int64_t nvocab = ct_tokenizer_vocab_size(t);
         const char *p = idtext;
         char *end;
         while (*p && !rc) {
             while (*p == ' ' || *p == ',' || *p == '\t' || *p == '\n')
                 p++;
             if (!*p) break;
+            size_t w = strcspn(p, " ,\t\n"); /* this id's text */
+            errno = 0;
             long long v = strtoll(p, &end, 10);
-            if (end == p || v < 0 || v > INT32_MAX) {
-                fprintf(stderr, "ctorch tokenizer decode: --ids must be integers, got '%s'\n", p);
+            if (end != p + w || (*p != '-' && (*p < '0' || *p > '9'))) {
+                fprintf(stderr,
+                        "ctorch tokenizer decode: --ids: '%.*s' is not an integer (ids are "
+                        "decimal integers separated by spaces or commas)\n",
+                        (int)(w < 64 ? w : 64), p);
+                rc = 2;
+                break;
+            }
+            if (errno == ERANGE || v < 0 || v >= nvocab) {
+                fprintf(stderr,
+                        "ctorch tokenizer decode: --ids: id %.*s is not in [0, %lld): ids must "
+                        "be in [0, vocabulary size) of this tokenizer (%lld tokens)\n",
+                        (int)(w < 64 ? w : 64), p, (long long)nvocab, (long long)nvocab);
                 rc = 2;
                 break;
             }

@@ -784,9 +784,12 @@ static int write_svg(const run *r)
         json_decref(j);
     }
     fclose(in);
+    if (!n) { /* nothing to plot: no empty file */
+        free(xs), free(ys), free(ex), free(ey);
+        return 2;
+    }
     FILE *f = fopen(r->svg, "w");
-    if (!f || !n) {
-        if (f) fclose(f);
+    if (!f) {
         free(xs), free(ys), free(ex), free(ey);
         return 1;
     }
@@ -869,9 +872,47 @@ static int write_svg(const run *r)
     fprintf(f, "</svg>\n");
 #undef PX
 #undef PY
-    int rc = fclose(f) ? 1 : 0;
+    int rc = ferror(f) | fclose(f) ? 1 : 0;
+    if (rc) unlink(r->svg); /* no partial plot */
     free(xs), free(ys), free(ex), free(ey);
     return rc;
+}
+
+/* write_svg with its message: 0, or 1 when the plot could not be written (the run fails:
+ * every file it names must be there). */
+static int plot(const run *r)
+{
+    errno = 0;
+    int w = write_svg(r);
+    if (w == 1) {
+        fprintf(stderr, "ctorch train: could not write the loss plot %s: %s\n", r->svg,
+                errno ? strerror(errno) : "write error");
+        return 1;
+    }
+    if (w == 2)
+        fprintf(stderr, "ctorch train: %s holds no training step: no loss plot written\n",
+                r->metrics);
+    return 0;
+}
+
+/* A resumed run whose checkpoint is already at its last step (or at --stop-at): nothing to
+ * train, and nothing is written (metrics, plot and checkpoint stay as they are). */
+static bool nothing_left(const run *r, int64_t start, int64_t stop, int64_t total)
+{
+    if (start < stop) return false;
+    if (stop < total)
+        fprintf(stderr,
+                "ctorch train: %s is at step %lld, at or past --stop-at %lld: no steps left to "
+                "train; nothing was written (give a later --stop-at, or none to train to step "
+                "%lld)\n",
+                r->resume, (long long)start, (long long)stop, (long long)total);
+    else
+        fprintf(stderr,
+                "ctorch train: %s is at step %lld of %lld: the run is complete, no steps left to "
+                "train; nothing was written (to train further, start a new run from its weights: "
+                "--init-from with a larger --steps)\n",
+                r->resume, (long long)start, (long long)total);
+    return true;
 }
 
 static void metrics_line(FILE *f, json_t *j)
@@ -993,6 +1034,10 @@ static int train_loop(run *r)
     long long log_every = r->log_every > 0 ? r->log_every : (total >= 20 ? total / 20 : 1);
     bool tty = isatty(2);
     ct_gpt_memory mem = ct_gpt_memory_sizes(m);
+    if (nothing_left(r, start, stop, total)) {
+        ct_trainer_free(t);
+        return 0;
+    }
     if (!r->quiet) {
         if (r->builtin)
             fprintf(
@@ -1130,7 +1175,7 @@ static int train_loop(run *r)
     if (!isnan(last_eval)) json_object_set_new(end, "eval_loss", json_real(last_eval));
     metrics_line(mf, end);
     fclose(mf);
-    if (!rc && write_svg(r)) fprintf(stderr, "ctorch train: could not write %s\n", r->svg);
+    if (!rc) rc = plot(r);
     if (!rc && !r->quiet) {
         char el[32];
         fmt_time(wall, el, sizeof el);
@@ -1353,6 +1398,10 @@ static int train_dist(run *r)
     int64_t start = ct_fsdp_trainer_step_count(t);
     long long eval_every = r->eval_every >= 0 ? r->eval_every : (total >= 5 ? total / 5 : 1);
     long long log_every = r->log_every > 0 ? r->log_every : (total >= 20 ? total / 20 : 1);
+    if (start >= stop) { /* every rank stops here; rank 0 says why */
+        if (r->rank == 0) nothing_left(r, start, stop, total);
+        goto out;
+    }
     ct_fsdp_stats fs;
     ct_fsdp_get_stats(ct_fsdp_trainer_model(t), &fs);
     ct_memory_stats_t ms0;
@@ -1521,7 +1570,7 @@ static int train_dist(run *r)
         metrics_line(mf, end);
         fclose(mf);
         mf = NULL;
-        if (!rc && write_svg(r)) fprintf(stderr, "ctorch train: could not write %s\n", r->svg);
+        if (!rc) rc = plot(r);
         if (!rc && !r->quiet) {
             fprintf(stderr,
                     "done: %lld steps (%.0f tokens/s), exposed comm %.1f%% of step time (%.1f%% "

@@ -117,6 +117,28 @@ def check(code):
         raise CtorchError(status_name(code), lib.ct_last_error().decode(errors="replace"))
 
 
+def cstr(s, what):
+    """s (str or bytes) as the bytes of a C string. A NUL inside would end the string there and
+    the C side would see another name (``"a\\0b"`` -> ``"a"``): refused with ValueError
+    naming ``what`` (PyTorch and safetensors keep such names; ctorch's C API cannot)."""
+    b = s.encode() if isinstance(s, str) else bytes(s)
+    at = b.find(b"\0")
+    if at >= 0:
+        raise ValueError(f"{what} {s!r} holds a NUL byte at offset {at}: ctorch "
+                         "passes names as C strings, which end at the first NUL (rename it)")
+    return b
+
+
+def cpath(p):
+    """A filesystem path (str, bytes or os.PathLike) as bytes for C: an embedded NUL raises
+    ValueError("embedded null byte"), as Python's own open() does (C would open a shorter
+    path)."""
+    b = os.fsencode(p)
+    if b"\0" in b:
+        raise ValueError(f"embedded null byte in path {p!r}")
+    return b
+
+
 def memory_stats():
     s = MemoryStats()
     lib.ct_memory_stats(ctypes.byref(s))

@@ -20,7 +20,7 @@ import ctypes
 
 import numpy as np
 
-from ._lib import check, lib
+from ._lib import check, cpath, cstr, lib
 
 MAX_DIMS = 8
 ST_DTYPES = ["BOOL", "U8", "I8", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64", "I64",
@@ -115,7 +115,7 @@ lib.ct_save_safetensors_entries.argtypes = [ctypes.c_char_p, _P(_SaveEntry), cty
 
 
 def _path(p):
-    return p.encode() if isinstance(p, str) else bytes(p)
+    return cpath(p)
 
 
 def detect_format(data):
@@ -211,7 +211,8 @@ class SafetensorsFile:
         if name not in self._index:
             # Ask the library for its message (it names the tensor).
             idx = ctypes.c_size_t()
-            check(lib.ct_tensor_file_find(self._h, name.encode(), ctypes.byref(idx)))
+            check(lib.ct_tensor_file_find(self._h, cstr(name, "ctorch.io: tensor name"),
+                                          ctypes.byref(idx)))
         return self._index[name], self._infos[self._index[name]]
 
     def info(self, name):
@@ -379,7 +380,7 @@ def _entries(tensors, keep, fn="ctorch.io.save"):
     for i, (name, v) in enumerate(tensors.items()):
         forced, a, raw = _as_array(v)
         e = entries[i]
-        e.name = name.encode()
+        e.name = cstr(name, f"{fn}: tensor name")
         keep.append(e.name)
         ct = forced if forced is not None else (None if raw else _NP_CT.get(a.dtype))
         if ct is not None and a.ndim <= MAX_DIMS:
@@ -427,8 +428,10 @@ def save(path, tensors, metadata=None, sync=True, anonymous_temp=True):
     keep = []
     entries = _entries(tensors, keep)
     metadata = metadata or {}
-    mk = (ctypes.c_char_p * max(1, len(metadata)))(*[k.encode() for k in metadata])
-    mv = (ctypes.c_char_p * max(1, len(metadata)))(*[str(v).encode() for v in metadata.values()])
+    mk = (ctypes.c_char_p * max(1, len(metadata)))(
+        *[cstr(k, "ctorch.io.save: metadata key") for k in metadata])
+    mv = (ctypes.c_char_p * max(1, len(metadata)))(
+        *[cstr(str(v), f"ctorch.io.save: metadata[{k!r}]") for k, v in metadata.items()])
     o = lib.ct_save_options_default()
     o.sync, o.anonymous_temp = bool(sync), bool(anonymous_temp)
     check(lib.ct_save_safetensors_entries(_path(path), entries, len(tensors), mk, mv, len(metadata),

@@ -21,7 +21,7 @@ import os
 
 import torch
 
-from ._lib import check, lib
+from ._lib import check, cpath, cstr, lib
 
 _P = ctypes.POINTER
 _vp = ctypes.c_void_p
@@ -112,7 +112,7 @@ class _HfDir:
 
     def __init__(self, path):
         h = _vp()
-        check(lib.ct_hf_open(os.fsencode(path), ctypes.byref(h)))
+        check(lib.ct_hf_open(cpath(path), ctypes.byref(h)))
         self.h = h
 
     def __del__(self):
@@ -227,13 +227,24 @@ class Model:
                                  f"{tuple(views[k].shape)}")
             views[k].copy_(v.to(torch.float32))
 
-    @staticmethod
-    def _ids(x, extra=0):
+    def _ids(self, x, extra=0):
+        """x as contiguous int32 [B, T]. As torch.nn.functional.embedding: indices must be
+        int64 or int32 (float ids are refused, never truncated) and in [0, vocab_size) (checked
+        before the narrowing to int32, which would wrap 2^32 + 5 to 5)."""
         x = torch.as_tensor(x)
+        if x.dtype not in (torch.int64, torch.int32):
+            raise RuntimeError("Expected tensor for argument #1 'indices' to have one of the "
+                               f"following scalar types: Long, Int; but got {x.type()} instead "
+                               "(ctorch.models: input_ids)")
         if x.dim() == 1:
             x = x[None]
         if x.dim() != 2 or x.shape[1] < 1 + extra:
             raise ValueError("ctorch.models: input_ids must be [B, T] with T >= 1")
+        V = self.config["vocab_size"]
+        if x.numel() and (int(x.min()) < 0 or int(x.max()) >= V):
+            bad = int(x.min()) if int(x.min()) < 0 else int(x.max())
+            raise IndexError(f"index out of range in self (ctorch.models: token id {bad} is "
+                             f"not in [0, {V}))")
         return x.to(torch.int32).contiguous()
 
     def forward(self, input_ids):
@@ -262,7 +273,7 @@ class Model:
         """Fold a PEFT LoRA adapter directory into the weights (W += alpha / r B A); returns the
         number of adapters merged. Needs own weights (load(..., mmap=False))."""
         n = ctypes.c_int()
-        check(lib.ct_lora_merge(self._m, os.fsencode(path), ctypes.byref(n)))
+        check(lib.ct_lora_merge(self._m, cpath(path), ctypes.byref(n)))
         return n.value
 
     def save_hf(self, path, dtype=None, arch=None):
@@ -272,7 +283,7 @@ class Model:
         o.dtype = _DTYPES[dtype]
         if arch is not None:
             o.arch = {"llama": 1, "qwen2": 2, "mistral": 3}[arch]
-        check(lib.ct_hf_save(self._m, self._hf.h if self._hf else None, os.fsencode(path),
+        check(lib.ct_hf_save(self._m, self._hf.h if self._hf else None, cpath(path),
                              ctypes.byref(o)))
 
     def loss_and_grads(self, tokens):
@@ -328,7 +339,8 @@ class Lora:
         o = lib.ct_lora_options_default()
         o.rank, o.alpha = rank, alpha
         bits = ctypes.c_uint32()
-        check(lib.ct_lora_targets_parse(targets.encode(), ctypes.byref(bits)))
+        check(lib.ct_lora_targets_parse(cstr(targets, "ctorch.models.Lora: targets"),
+                                         ctypes.byref(bits)))
         o.targets = bits.value
         h = _vp()
         check(lib.ct_lora_create(model._m, ctypes.byref(o), seed, ctypes.byref(h)))
@@ -364,7 +376,7 @@ class Lora:
         return {k: v.clone() for k, v in self._views(grads=True).items()}
 
     def save(self, path, base_model=None):
-        check(lib.ct_lora_save(self._l, os.fsencode(path), base_model.encode() if base_model else None))
+        check(lib.ct_lora_save(self._l, cpath(path), cstr(base_model, "base_model") if base_model else None))
 
 
 def _hf_tokens(m, hf_config):

@@ -7,8 +7,9 @@ through libctorch (include/ctorch/tokenizer.h, docs/tokenizers.md).
     text = tok.decode(ids)                               # str
 """
 import ctypes
+import operator
 
-from ._lib import check, lib
+from ._lib import check, cpath, lib
 
 _vp = ctypes.c_void_p
 _i32p = ctypes.POINTER(ctypes.c_int32)
@@ -36,6 +37,23 @@ lib.ct_tokenizer_token_bytes.argtypes = [_vp, ctypes.c_int32, ctypes.POINTER(_vp
 lib.ct_tokenizer_save.argtypes = [_vp, ctypes.c_char_p]
 lib.ct_free.argtypes = [_vp]
 lib.ct_free.restype = None
+
+
+def _token_id(i, vocab):
+    """A token id as Hugging Face tokenizers takes it (an unsigned 32-bit int): a float is a
+    TypeError and a negative or >= 2^32 id an OverflowError, never truncated or wrapped; ids in
+    [2^31, 2^32), past any vocabulary and past int32, are refused here as the library refuses
+    ids in [vocab, 2^31)."""
+    i = operator.index(i)  # TypeError for 2.0, 2.7, "2"
+    if i < 0:
+        raise OverflowError(f"token id {i}: number too small to fit in target type (ids are "
+                            "unsigned)")
+    if i >= 1 << 32:
+        raise OverflowError(f"token id {i}: number too large to fit in target type (ids are "
+                            "unsigned 32-bit)")
+    if i >= 1 << 31:
+        raise ValueError(f"ctorch.tokenizers: token id {i} is outside the vocabulary [0, {vocab})")
+    return i
 
 
 class Tokenizer:
@@ -96,7 +114,7 @@ class Tokenizer:
 
     def decode_bytes(self, ids):
         """The bytes of ``ids`` (a token may hold part of a UTF-8 character)."""
-        ids = [int(i) for i in ids]
+        ids = [_token_id(i, self.vocab_size) for i in ids]
         arr = (ctypes.c_int32 * max(len(ids), 1))(*ids)
         out = _vp()
         n = ctypes.c_size_t()
@@ -113,19 +131,19 @@ class Tokenizer:
     def token_bytes(self, token_id):
         b = _vp()
         n = ctypes.c_size_t()
-        check(lib.ct_tokenizer_token_bytes(self._h, int(token_id), ctypes.byref(b), ctypes.byref(n)))
+        check(lib.ct_tokenizer_token_bytes(self._h, _token_id(token_id, self.vocab_size), ctypes.byref(b), ctypes.byref(n)))
         return ctypes.string_at(b, n.value)
 
     def save(self, path):
         """Write the tokenizer as JSON (atomically)."""
-        check(lib.ct_tokenizer_save(self._h, str(path).encode()))
+        check(lib.ct_tokenizer_save(self._h, cpath(path)))
 
 
 def load(path):
     """A tokenizer from a file or a model folder (tokenizer.json, or encoder.json + vocab.bpe, or a
     ctorch-bpe file)."""
     h = _vp()
-    check(lib.ct_tokenizer_load(str(path).encode(), ctypes.byref(h)))
+    check(lib.ct_tokenizer_load(cpath(path), ctypes.byref(h)))
     return Tokenizer(h)
 
 

@@ -2,6 +2,7 @@
  * per rank, a JSON index, a commit marker written last and OUT/latest switched by rename;
  * loading with any world size reads only the rows a rank holds. */
 #include "dist/trainer_internal.h"
+#include "io/io_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -538,10 +539,11 @@ static ct_status read_sharded_rows(files *fs, json_t *tensors, const char *name,
 {
     json_t *e = json_object_get(tensors, name);
     json_t *sh = json_object_get(e, "shape"), *shards = json_object_get(e, "shards");
+    const char *dt = json_string_value(json_object_get(e, "dtype"));
     if (!json_is_array(sh) || !json_is_array(shards) || json_array_size(sh) < 1 ||
-        json_integer_value(json_array_get(sh, 0)) != rows)
-        return ct_error(CT_EFORMAT, "checkpoint: the index lacks tensor '%s' of %lld rows", name,
-                        (long long)rows);
+        json_integer_value(json_array_get(sh, 0)) != rows || !dt || strcmp(dt, "F32"))
+        return ct_error(CT_EFORMAT, "checkpoint: the index lacks tensor '%s' as F32 of %lld rows",
+                        name, (long long)rows);
     int64_t covered = 0;
     size_t i;
     json_t *s;
@@ -757,14 +759,13 @@ ct_status ct_sharded_checkpoint_check(const char *dir, bool trainer_state, ct_gp
             snprintf(nm, sizeof nm, "%s%s", MOMENT[k], tab[i].name);
             json_t *e = json_object_get(tensors, nm), *sh = json_object_get(e, "shape");
             const char *dt = json_string_value(json_object_get(e, "dtype"));
-            bool same = e && json_array_size(sh) == (size_t)tab[i].ndim && dt &&
-                        (!strcmp(dt, "F32") || !strcmp(dt, "BF16") || !strcmp(dt, "F16"));
+            bool same = e && json_array_size(sh) == (size_t)tab[i].ndim && dt && !strcmp(dt, "F32");
             for (int d = 0; same && d < tab[i].ndim; d++)
                 same = json_integer_value(json_array_get(sh, (size_t)d)) == tab[i].shape[d];
             if (!same)
                 s = ct_error(CT_EFORMAT,
                              "checkpoint: the index lacks tensor '%s' as the configuration has it "
-                             "(%s[%lld%s%lld], a float dtype)",
+                             "(F32 %s[%lld%s%lld])",
                              nm, tab[i].name, (long long)tab[i].shape[0],
                              tab[i].ndim == 2 ? ", " : "", tab[i].ndim == 2 ? (long long)tab[i].shape[1] : 0LL);
         }
@@ -823,6 +824,18 @@ ct_status ct_sharded_checkpoint_verify(const char *dir, char **summary)
             s = ct_error(CT_EFORMAT, "checkpoint: bad entry of '%s' in the index", key);
             break;
         }
+        /* the shards are read as f32 rows: an index naming another dtype would be ignored */
+        const char *dt = json_string_value(json_object_get(e, "dtype"));
+        if (!dt || strcmp(dt, "F32")) {
+            char q[64];
+            s = ct_error(CT_EFORMAT,
+                         "checkpoint: the index gives '%s' dtype %s%s%s; a ctorch sharded "
+                         "checkpoint holds \"F32\" tensors only (as ctorch writes it): the "
+                         "index was edited or written by another tool",
+                         key, dt ? "\"" : "", dt ? ct_io_quote(q, sizeof q, dt) : "(none)",
+                         dt ? "\"" : "");
+            break;
+        }
         /* the shards must tile [0, rows) in order (checked before any file is opened), each
          * read back with its shape */
         int64_t next = 0;
@@ -862,6 +875,13 @@ ct_status ct_sharded_checkpoint_verify(const char *dir, char **summary)
                 info.shape[0] != en - b || (nd == 2 && info.shape[1] != cols)) {
                 s = ct_error(CT_EFORMAT, "checkpoint: '%s' lacks rows [%lld, %lld) of '%s'", file,
                              (long long)b, (long long)en, key);
+                break;
+            }
+            if (!info.has_dtype || info.dtype != CT_DTYPE_F32) {
+                s = ct_error(CT_EFORMAT,
+                             "checkpoint: '%s' holds rows [%lld, %lld) of '%s' as %s; the index "
+                             "says F32",
+                             file, (long long)b, (long long)en, key, ct_st_dtype_name(info.st_dtype));
                 break;
             }
             json_object_set_new(files_seen, file, json_true());

@@ -1110,6 +1110,21 @@ ct_status ct_pk_run(pk_machine *m, const uint8_t *p, size_t n, size_t *used, pk_
                 return pfail(m, CT_EFORMAT, "global",
                              "STACK_GLOBAL needs two short strings, found %s and %s",
                              ct_pk_kind_name(a), ct_pk_kind_name(b));
+            /* a NUL inside would end the C string early: "torch\0x" would be looked up as
+             * "torch" (Python resolves the whole string and finds no such module) */
+            for (int w = 0; w < 2; w++) {
+                const pk_obj *sv = w ? b : a;
+                const char *nul = memchr(sv->u.str.s, '\0', sv->u.str.n);
+                if (nul) {
+                    char q1[96], q2[96];
+                    return pfail(m, CT_EFORMAT, "global",
+                                 "STACK_GLOBAL %s '%s\\x00%s' holds a NUL byte (at %zu of its %zu "
+                                 "bytes): no module or name has one; nothing was run",
+                                 w ? "name" : "module", ct_io_quote(q1, sizeof q1, sv->u.str.s),
+                                 ct_io_quote(q2, sizeof q2, nul + 1),
+                                 (size_t)(nul - sv->u.str.s), sv->u.str.n);
+                }
+            }
             CT_TRY(global(m, a->u.str.s, b->u.str.s));
             break;
         case 0x52: /* REDUCE */

@@ -442,7 +442,9 @@ static ct_status plan(const ct_save_entry *e, size_t i, pt_item *it)
     if (e->tensor) {
         const ct_tensor *t = e->tensor;
         if (t->ndim < 0 || t->ndim > CT_MAX_DIMS)
-            return ct_error(CT_EINVAL, "ct_save_pt: tensor '%s' has %d dims", qn, t->ndim);
+            return ct_error(CT_EINVAL, "ct_save_pt: tensor '%s' has %d dims: a ct_tensor has 0 to "
+                            "%d (pass more as a raw entry: ndim and shape)",
+                            qn, t->ndim, CT_MAX_DIMS);
         if (ct_st_dtype_from_ct(t->dtype, &st) != CT_OK)
             return ct_error(CT_EINVAL, "ct_save_pt: tensor '%s' has an invalid dtype", qn);
         it->ndim = t->ndim;
@@ -450,9 +452,13 @@ static ct_status plan(const ct_save_entry *e, size_t i, pt_item *it)
             it->shape[d] = t->shape[d];
         it->tensor = t;
     } else {
-        if (e->ndim < 0 || e->ndim > 64 || (e->ndim && !e->shape))
-            return ct_error(CT_EINVAL, "ct_save_pt: entry '%s' has %d dims and shape %p", qn,
-                            e->ndim, (const void *)e->shape);
+        if (e->ndim < 0 || e->ndim > 64)
+            return ct_error(CT_EINVAL, "ct_save_pt: entry '%s' has %d dims: ctorch writes 0 to 64 "
+                            "(the most its .pt reader takes back)",
+                            qn, e->ndim);
+        if (e->ndim && !e->shape)
+            return ct_error(CT_EINVAL, "ct_save_pt: entry '%s' has %d dims and a NULL shape", qn,
+                            e->ndim);
         st = e->st_dtype;
         it->ndim = e->ndim;
         for (int d = 0; d < e->ndim; d++) {

@@ -328,6 +328,7 @@ ct_status ct_hf_config_parse(const char *text, size_t len, ct_gpt_config *c, ct_
     bool sliding = false, sliding_set = false, theta_top = false, scaling_set = false;
     const json_t *rope_params = NULL, *layer_types = NULL;
     const char *arch = NULL, *mtype = NULL;
+    const char *unknown = NULL; /* the first unknown key: reported once the architecture is known */
     const char *key;
     json_t *v;
     if (!json_is_object(j)) {
@@ -449,9 +450,8 @@ ct_status ct_hf_config_parse(const char *text, size_t len, ct_gpt_config *c, ct_
                 s = ct_error(CT_EFORMAT, "%s: \"sliding_window\" must be an integer or null", what);
                 goto done;
             }
-        } else {
-            s = ct_error(CT_EFORMAT, "%s: unknown key \"%s\"", what, key);
-            goto done;
+        } else if (!unknown) {
+            unknown = key;
         }
     }
     if (!arch && !mtype) {
@@ -471,6 +471,10 @@ ct_status ct_hf_config_parse(const char *text, size_t len, ct_gpt_config *c, ct_
     if (mtype && strcmp(mtype, ARCHS[info->arch - 1].model_type)) {
         s = ct_error(CT_EFORMAT, "%s: \"model_type\" \"%s\" does not match architecture \"%s\"",
                      what, mtype, ARCHS[info->arch - 1].arch);
+        goto done;
+    }
+    if (unknown) {
+        s = ct_error(CT_EFORMAT, "%s: unknown key \"%s\"", what, unknown);
         goto done;
     }
     static const char *req[] = {"hidden_size",         "intermediate_size", "num_hidden_layers",
@@ -655,13 +659,26 @@ static ct_status dup_str(const char *s, char **out)
     return CT_OK;
 }
 
-static bool safe_file_name(const char *f)
+/* NULL when f is a shard name the index may give (a *.safetensors file of the same folder),
+ * else which rule it breaks (why, cap bytes, holds the text). */
+static const char *bad_file_name(const char *f, char *why, size_t cap)
 {
     size_t n = strlen(f);
-    if (n < 13 || n > 255 || f[0] == '.' || strcmp(f + n - 12, ".safetensors")) return false;
-    for (size_t i = 0; i < n; i++)
-        if (f[i] == '/' || f[i] == '\\' || (unsigned char)f[i] < 0x20) return false;
-    return true;
+    if (n < 13 || strcmp(f + n - 12, ".safetensors")) return "it does not end in .safetensors";
+    if (n > 255) return "it is longer than 255 bytes";
+    if (f[0] == '.') return "it starts with '.'";
+    for (size_t i = 0; i < n; i++) {
+        if (f[i] == '/' || f[i] == '\\') {
+            snprintf(why, cap, "it holds '%c' at byte %zu (a path, not a name)", f[i], i);
+            return why;
+        }
+        if ((unsigned char)f[i] < 0x20 || f[i] == 0x7f) {
+            snprintf(why, cap, "it holds the control character 0x%02x at byte %zu",
+                     (unsigned char)f[i], i);
+            return why;
+        }
+    }
+    return NULL;
 }
 
 ct_status hf_index_parse(const char *text, size_t len, const char *what, hf_index *x)
@@ -702,11 +719,15 @@ ct_status hf_index_parse(const char *text, size_t len, const char *what, hf_inde
         goto done;
     json_object_foreach(wm, key, v)
     {
-        if (!json_is_string(v) || !safe_file_name(json_string_value(v))) {
+        char why[96];
+        const char *bad = !json_is_string(v) ? "it is not a string"
+                                              : bad_file_name(json_string_value(v), why, sizeof why);
+        if (bad) {
             s = ct_error(CT_EFORMAT,
-                         "%s: \"weight_map\" entry \"%s\" must name a *.safetensors file in the "
-                         "same folder (no '/', no leading '.')",
-                         what, key);
+                         "%s: \"weight_map\" entry \"%.200s\" names no shard file: %s (a shard "
+                         "is a *.safetensors file in the same folder: no '/', no leading '.', no "
+                         "control characters); fix the index",
+                         what, key, bad);
             goto done;
         }
         const char *f = json_string_value(v);

@@ -480,6 +480,28 @@ static bool parse_adapter_name(const char *name, int64_t n_layer, int *target, i
     return false;
 }
 
+static bool lora_float_dtype(const ct_tensor_info *x)
+{
+    return x->has_dtype && (x->dtype == CT_DTYPE_F32 || x->dtype == CT_DTYPE_BF16 ||
+                            x->dtype == CT_DTYPE_F16 || x->dtype == CT_DTYPE_F64);
+}
+
+/* Every value of an adapter read as f32 (x->numel of them) is finite: merging a NaN or an
+ * infinity would spoil the whole weight (PEFT's merge(safe_merge=True) refuses it too). */
+static ct_status lora_values_ok(const char *dir, const ct_tensor_info *x, const float *v)
+{
+    for (uint64_t i = 0; i < x->numel; i++)
+        if (!isfinite(v[i])) {
+            int64_t cols = x->ndim == 2 ? x->shape[1] : 1;
+            return ct_error(CT_EFORMAT,
+                            "%s: adapter '%s' holds %s at [%lld, %lld]: a broken adapter (merging "
+                            "it would make the weight non-finite); nothing was merged",
+                            dir, x->name, isnan(v[i]) ? "NaN" : "an infinity",
+                            (long long)(i / (uint64_t)cols), (long long)(i % (uint64_t)cols));
+        }
+    return CT_OK;
+}
+
 ct_status ct_lora_merge(ct_gpt *m, const char *dir, int *n_merged)
 {
     const char *fn = "ct_lora_merge";
@@ -512,64 +534,84 @@ ct_status ct_lora_merge(ct_gpt *m, const char *dir, int *n_merged)
     size_t nt = ct_tensor_file_count(f);
     if ((s = ct_calloc((void **)&seen, (nt ? nt : 1) * sizeof(bool)))) goto done;
     int merged = 0;
-    for (size_t i = 0; i < nt; i++) {
-        ct_tensor_info in;
-        if ((s = ct_tensor_file_info(f, i, &in))) goto done;
-        int k;
-        int64_t L;
-        bool isb;
-        if (!parse_adapter_name(in.name, m->cfg.n_layer, &k, &L, &isb) ||
-            !(targets & TARGETS[k].bit)) {
-            s = ct_error(CT_EFORMAT,
-                         "%s/adapter_model.safetensors: tensor '%s' is not a LoRA adapter of this "
-                         "model's target_modules",
-                         dir, in.name);
-            goto done;
-        }
-        if (isb || seen[i]) continue;
-        /* its partner B */
-        adapter a;
-        memset(&a, 0, sizeof a);
-        if ((s = locate(m, k, L, &a))) goto done;
-        size_t ib;
-        if (ct_tensor_file_find(f, a.name_b, &ib) != CT_OK) {
-            s = ct_error(CT_EFORMAT, "%s: adapter '%s' has no '%s'", dir, in.name, a.name_b);
-            goto done;
-        }
-        ct_tensor_info bi;
-        if ((s = ct_tensor_file_info(f, ib, &bi))) goto done;
-        if (in.ndim != 2 || in.shape[0] != rank || in.shape[1] != a.in || bi.ndim != 2 ||
-            bi.shape[0] != a.out || bi.shape[1] != rank) {
-            s = ct_error(CT_EFORMAT,
-                         "%s: adapter '%s' must be A [%lld, %lld] and B [%lld, %lld] (r = %lld)",
-                         dir, in.name, (long long)rank, (long long)a.in, (long long)a.out,
-                         (long long)rank, (long long)rank);
-            goto done;
-        }
-        int64_t as[2] = {rank, a.in}, bs[2] = {a.out, rank};
-        ct_tensor ta, tb;
-        if ((s = ct_alloc((void **)&a32, (size_t)(rank * a.in) * sizeof(float))) ||
-            (s = ct_alloc((void **)&b32, (size_t)(a.out * rank) * sizeof(float))) ||
-            (s = ct_tensor_wrap(&ta, a32, CT_DTYPE_F32, 2, as, NULL)) ||
-            (s = ct_tensor_wrap(&tb, b32, CT_DTYPE_F32, 2, bs, NULL)) ||
-            (s = ct_tensor_file_read_into(f, i, &ta)) || (s = ct_tensor_file_read_into(f, ib, &tb)))
-            goto done;
-        if ((s = ct_gemm_f32(false, false, a.out, a.in, rank, scale, b32, rank, a32, a.in, 1.0f,
-                             a.w, a.in)))
-            goto done;
-        ct_free(a32);
-        ct_free(b32);
-        a32 = b32 = NULL;
-        seen[i] = seen[ib] = true;
-        merged++;
-    }
-    for (size_t i = 0; i < nt; i++)
-        if (!seen[i]) {
+    /* pass 0 checks every adapter (names, partners, shapes, a float dtype, finite values) and
+     * pass 1 merges: a bad adapter leaves the weights as they were */
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t i = 0; i < nt; i++) {
             ct_tensor_info in;
-            ct_tensor_file_info(f, i, &in);
-            s = ct_error(CT_EFORMAT, "%s: '%s' has no lora_A partner", dir, in.name);
-            goto done;
+            if ((s = ct_tensor_file_info(f, i, &in))) goto done;
+            int k;
+            int64_t L;
+            bool isb;
+            if (!parse_adapter_name(in.name, m->cfg.n_layer, &k, &L, &isb) ||
+                !(targets & TARGETS[k].bit)) {
+                s = ct_error(CT_EFORMAT,
+                             "%s/adapter_model.safetensors: tensor '%s' is not a LoRA adapter of this "
+                             "model's target_modules",
+                             dir, in.name);
+                goto done;
+            }
+            if (isb) continue;
+            /* its partner B */
+            adapter a;
+            memset(&a, 0, sizeof a);
+            if ((s = locate(m, k, L, &a))) goto done;
+            size_t ib;
+            if (ct_tensor_file_find(f, a.name_b, &ib) != CT_OK) {
+                s = ct_error(CT_EFORMAT, "%s: adapter '%s' has no '%s'", dir, in.name, a.name_b);
+                goto done;
+            }
+            ct_tensor_info bi;
+            if ((s = ct_tensor_file_info(f, ib, &bi))) goto done;
+            if (in.ndim != 2 || in.shape[0] != rank || in.shape[1] != a.in || bi.ndim != 2 ||
+                bi.shape[0] != a.out || bi.shape[1] != rank) {
+                s = ct_error(CT_EFORMAT,
+                             "%s: adapter '%s' must be A [%lld, %lld] and B [%lld, %lld] (r = %lld)",
+                             dir, in.name, (long long)rank, (long long)a.in, (long long)a.out,
+                             (long long)rank, (long long)rank);
+                goto done;
+            }
+            for (int q = 0; q < 2; q++) {
+                const ct_tensor_info *x = q ? &bi : &in;
+                if (!lora_float_dtype(x)) {
+                    s = ct_error(CT_EFORMAT,
+                                 "%s: adapter '%s' is %s: LoRA adapters must hold floats (F32, "
+                                 "BF16, F16 or F64); an integer adapter is not a trained one",
+                                 dir, x->name, ct_st_dtype_name(x->st_dtype));
+                    goto done;
+                }
+            }
+            int64_t as[2] = {rank, a.in}, bs[2] = {a.out, rank};
+            ct_tensor ta, tb;
+            if ((s = ct_alloc((void **)&a32, (size_t)(rank * a.in) * sizeof(float))) ||
+                (s = ct_alloc((void **)&b32, (size_t)(a.out * rank) * sizeof(float))) ||
+                (s = ct_tensor_wrap(&ta, a32, CT_DTYPE_F32, 2, as, NULL)) ||
+                (s = ct_tensor_wrap(&tb, b32, CT_DTYPE_F32, 2, bs, NULL)) ||
+                (s = ct_tensor_file_read_into(f, i, &ta)) || (s = ct_tensor_file_read_into(f, ib, &tb)))
+                goto done;
+            if (!pass) {
+                if ((s = lora_values_ok(dir, &in, a32)) || (s = lora_values_ok(dir, &bi, b32)))
+                    goto done;
+                seen[i] = seen[ib] = true;
+            } else {
+                if ((s = ct_gemm_f32(false, false, a.out, a.in, rank, scale, b32, rank, a32, a.in,
+                                     1.0f, a.w, a.in)))
+                    goto done;
+                merged++;
+            }
+            ct_free(a32);
+            ct_free(b32);
+            a32 = b32 = NULL;
         }
+        if (!pass)
+            for (size_t i = 0; i < nt; i++)
+                if (!seen[i]) {
+                    ct_tensor_info in;
+                    ct_tensor_file_info(f, i, &in);
+                    s = ct_error(CT_EFORMAT, "%s: '%s' has no lora_A partner", dir, in.name);
+                    goto done;
+                }
+    }
     if (!merged) {
         s = ct_error(CT_EFORMAT, "%s/adapter_model.safetensors holds no adapters", dir);
         goto done;

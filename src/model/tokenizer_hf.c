@@ -4,6 +4,7 @@
  * result in the vocabulary, all 256 bytes present, lengths bounded; a setting ctorch cannot
  * honour (another model type, normalizer, pre-tokenizer or regex, an added token that strips
  * spaces) is refused by name rather than ignored. */
+#include "model/hf_internal.h"
 #include "model/tokenizer_internal.h"
 
 #include <stdio.h>
@@ -150,6 +151,17 @@ static bool unmap(const char *s, size_t n, char *out, size_t *m)
     return true;
 }
 
+/* Whether a vocab entry (byte-level alphabet) and an added token's content are one token: the
+ * same text as written, or the same bytes once the entry is mapped back (GPT-2's
+ * <|endoftext|> is both). */
+static bool same_token(const char *vocab, size_t vn, const char *content, size_t cn)
+{
+    if (vn == cn && !memcmp(vocab, content, cn)) return true;
+    char buf[64];
+    size_t m;
+    return vn <= sizeof buf && unmap(vocab, vn, buf, &m) && m == cn && !memcmp(buf, content, cn);
+}
+
 /* The id string of a token given as "<s>" or {"content": "<s>"} in tokenizer_config.json. */
 static const char *token_name(const json_t *v)
 {
@@ -219,24 +231,46 @@ static ct_status template_tokens(ct_tokenizer *t, const json_t *pp, const char *
     return CT_OK;
 }
 
+/* The id of tokenizer_config.json's bos_token / eos_token v (a token string, or an object with
+ * "content" as transformers writes AddedToken), or an error naming what is there. */
+static ct_status config_token(const ct_tokenizer *t, const json_t *v, const char *key,
+                              const char *what, int32_t *id)
+{
+    const char *name = token_name(v);
+    if (!name) {
+        char val[48] = "";
+        if (json_is_integer(v))
+            snprintf(val, sizeof val, " %lld", (long long)json_integer_value(v));
+        else if (json_is_real(v))
+            snprintf(val, sizeof val, " %g", json_real_value(v));
+        return ct_error(CT_EFORMAT,
+                        "tokenizer: %s: tokenizer_config.json's %s is %s%s, not a token: it must "
+                        "be the token's text (\"<s>\") or {\"content\": \"<s>\", ...} (an id "
+                        "goes in config.json's %s_id)",
+                        what, key,
+                        json_is_integer(v) ? "the integer"
+                        : json_is_real(v)  ? "the number"
+                        : json_is_boolean(v) ? "a boolean"
+                        : json_is_array(v)   ? "an array"
+                        : json_is_object(v)  ? "an object without a \"content\" string"
+                                             : "not a string",
+                        val, key);
+    }
+    *id = special_named(t, name);
+    if (*id < 0)
+        return ct_error(CT_EFORMAT,
+                        "tokenizer: %s: tokenizer_config.json's %s '%.100s' is not one of the "
+                        "tokenizer's added tokens (added_tokens of tokenizer.json)",
+                        what, key, name);
+    return CT_OK;
+}
+
 static ct_status apply_config(ct_tokenizer *t, const json_t *cfg, const char *what)
 {
     if (!json_is_object(cfg)) return CT_OK;
     const json_t *b = json_object_get(cfg, "bos_token"), *e = json_object_get(cfg, "eos_token");
-    if (b && !json_is_null(b)) {
-        int32_t id = special_named(t, token_name(b));
-        if (id < 0)
-            return ct_error(CT_EFORMAT, "tokenizer: %s: bos_token '%s' is not a token", what,
-                            token_name(b) ? token_name(b) : "?");
-        t->bos = id;
-    }
-    if (e && !json_is_null(e)) {
-        int32_t id = special_named(t, token_name(e));
-        if (id < 0)
-            return ct_error(CT_EFORMAT, "tokenizer: %s: eos_token '%s' is not a token", what,
-                            token_name(e) ? token_name(e) : "?");
-        t->eos = id;
-    }
+    if (b && !json_is_null(b)) CT_TRY(config_token(t, b, "bos_token", what, &t->bos));
+    if (e && !json_is_null(e)) CT_TRY(config_token(t, e, "eos_token", what, &t->eos));
     if (json_is_true(json_object_get(cfg, "add_bos_token"))) t->add_bos = true;
     if (json_is_true(json_object_get(cfg, "add_eos_token"))) t->add_eos = true;
     if (json_is_false(json_object_get(cfg, "add_bos_token"))) t->add_bos = false;
@@ -378,6 +412,15 @@ ct_status ct_tok_from_hf_json(json_t *root, const char *text, size_t len, const 
                          (long long)id);
             goto fail;
         }
+        if (sl[id].str && !same_token(sl[id].str, sl[id].len, c, cl)) {
+            /* the vocab's token at that id would be lost (and with it, say, a byte) */
+            s = ct_error(CT_EFORMAT,
+                         "tokenizer: %s: added token %zu ('%.100s') has id %lld, which the "
+                         "vocab gives to '%.100s': an id names one token (give the added token "
+                         "an id past the vocab, or the vocab entry's own text)",
+                         what, i, c, (long long)id, sl[id].str);
+            goto fail;
+        }
         sl[id].str = c;
         sl[id].len = cl;
         sl[id].added = true;
@@ -478,7 +521,9 @@ ct_status ct_tok_from_hf_json(json_t *root, const char *text, size_t len, const 
     json_t *cfg = NULL;
     if (config) {
         json_error_t err;
-        cfg = json_loads(config, 0, &err);
+        /* transformers writes model_max_length as 1e30 in integer form (Llama 3): read
+         * integers beyond int64 as reals, as config.json is read */
+        cfg = hf_json_loadb(config, strlen(config), 0, &err);
         if (!cfg) {
             s = ct_error(CT_EFORMAT, "tokenizer: %s: tokenizer_config.json is not JSON (line %d: "
                          "%s)", what, err.line, err.text);
