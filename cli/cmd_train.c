@@ -69,6 +69,11 @@ static void usage(FILE *f)
         "  --lr X (%g)  --min-lr X (%g)  --warmup N (%lld)  --weight-decay X (%g)  --clip X (%g)\n"
         "  --z-loss X (0)  --label-smoothing X (0)  --unfused-head  --dense-attention\n"
         "  --eval-every N (steps / 5)  --eval-batches N (%lld)  --threads N\n"
+        "  --dtype f32|bf16     operand dtype of the matrix products (f32): bf16 rounds the\n"
+        "                       weights' copies and the activations entering each GEMM to bf16\n"
+        "                       (PyTorch's CPU autocast for linear / matmul), accumulating in\n"
+        "                       f32; master weights, gradients, AdamW state and checkpoints stay\n"
+        "                       f32, and --resume keeps the checkpoint's dtype\n"
         "\nruns:\n"
         "  --out DIR            where checkpoint.safetensors, metrics.jsonl, loss.svg go "
         "(ctorch-run)\n"
@@ -284,7 +289,13 @@ static int parse(run *r, int argc, char **argv)
             t->dense_attention = true;
         else if (int_opt(argc, argv, &i, "--eval-batches", 1, 1 << 20, &x, &bad))
             t->eval_batches = x;
-        else {
+        else if (cli_opt(argc, argv, &i, "--dtype", &v)) {
+            if (strcmp(v, "f32") && strcmp(v, "bf16")) {
+                fprintf(stderr, "ctorch: --dtype must be f32 or bf16, got '%s'\n", v);
+                bad = true;
+            }
+            t->dtype = !strcmp(v, "bf16") ? CT_DTYPE_BF16 : CT_DTYPE_F32;
+        } else {
             setting = false;
             if (int_opt(argc, argv, &i, "--eval-every", 0, 1LL << 40, &r->eval_every, &bad)) {
             } else if (int_opt(argc, argv, &i, "--threads", 1, 256, &r->threads, &bad)) {
@@ -364,6 +375,11 @@ static int parse(run *r, int argc, char **argv)
     }
     if (r->lora_on && !r->init_from) {
         fprintf(stderr, "ctorch train: --lora-rank needs --init-from (adapters on a model)\n");
+        return 2;
+    }
+    if (t->dtype == CT_DTYPE_BF16 && r->dist) {
+        fprintf(stderr, "ctorch train: --dtype bf16 does not combine with --fsdp / --dp yet "
+                        "(--param-dtype bf16 gathers in bf16; compute stays f32)\n");
         return 2;
     }
     if (r->init_from && r->dist) {
@@ -662,6 +678,7 @@ static int dump_grads(run *r)
     mo.eos_token = r->to.eos_token;
     mo.z_loss = r->to.z_loss;
     mo.label_smoothing = r->to.label_smoothing;
+    mo.dtype = r->to.dtype;
     ct_gpt *m;
     ct_status s = ct_gpt_create(&r->cfg, &mo, &m);
     if (s) return cli_fail("train: model", s);
@@ -1030,6 +1047,11 @@ static int train_loop(run *r)
     int64_t T = o->seq ? o->seq : r->cfg.context, total = o->steps;
     int64_t stop = r->stop_at && r->stop_at < total ? r->stop_at : total;
     int64_t start = ct_trainer_step_count(t);
+    if (o->dtype == CT_DTYPE_BF16 && !ct_cpu_has_bf16()) /* once, even with --quiet */
+        fprintf(stderr, "ctorch train: --dtype bf16: %s has no bf16 dot-product instructions "
+                        "(AVX512_BF16 / BF16); the bf16 operands are converted to f32 for each "
+                        "product (same results, no bf16 speed-up)\n",
+                ct_cpu_name());
     long long eval_every = r->eval_every >= 0 ? r->eval_every : (total >= 5 ? total / 5 : 1);
     long long log_every = r->log_every > 0 ? r->log_every : (total >= 20 ? total / 20 : 1);
     bool tty = isatty(2);
@@ -1072,9 +1094,10 @@ static int train_loop(run *r)
             o->fused_head ? "fused" : "unfused", o->dense_attention ? "dense" : "flex",
             o->eos_token >= 0 ? ", documents masked" : "");
         fprintf(stderr,
-                "training: %lld steps of %lld tokens (accum %lld), lr %g -> %g, %d threads%s\n",
+                "training: %lld steps of %lld tokens (accum %lld), lr %g -> %g, %s, %d threads%s\n",
                 (long long)total, (long long)(o->accum * o->batch * T), (long long)o->accum, o->lr,
-                o->min_lr, ct_num_threads(), start ? " (resumed)" : "");
+                o->min_lr, o->dtype == CT_DTYPE_BF16 ? "bf16 GEMMs (f32 master weights)" : "f32",
+                ct_num_threads(), start ? " (resumed)" : "");
         if (start) fprintf(stderr, "resumed from %s at step %lld\n", r->resume, (long long)start);
     }
     FILE *mf = fopen(r->metrics, start ? "a" : "w");
@@ -1086,6 +1109,7 @@ static int train_loop(run *r)
     json_t *hdr = json_pack("{s:s, s:I, s:I, s:I, s:i}", "event", start ? "resume" : "start",
                             "step", (json_int_t)start, "params", (json_int_t)ct_gpt_num_params(m),
                             "steps", (json_int_t)total, "threads", ct_num_threads());
+    json_object_set_new(hdr, "dtype", json_string(ct_dtype_name(o->dtype)));
     if (r->builtin) {
         json_object_set_new(hdr, "entropy_floor", json_real(r->ent.rate));
         json_object_set_new(hdr, "unigram_entropy", json_real(r->ent.unigram));

@@ -166,6 +166,10 @@ CT_API ct_status ct_isa_env_status(void);
 CT_API ct_status ct_set_isa(ct_isa isa);
 /** True when this CPU can run the instruction set. */
 CT_API bool ct_cpu_has_isa(ct_isa isa);
+/** True when this CPU has bf16 dot-product instructions (x86 AVX512_BF16, AArch64 BF16).
+ *  Without them bf16 operands are widened to f32 and multiplied in f32 (same results, no
+ *  bf16 speed-up): `ctorch train --dtype bf16` says so. */
+CT_API bool ct_cpu_has_bf16(void);
 /** The CPU's name as it reports it (x86: the CPUID brand string), or "this CPU". */
 CT_API const char *ct_cpu_name(void);
 /** The SVE vector length in bytes (svcntb(): 16 for 128-bit vectors ... 256 for 2048-bit),

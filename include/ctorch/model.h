@@ -147,6 +147,14 @@ typedef struct ct_gpt_options {
     float z_loss;          /**< training loss z-loss scale (default 0); evaluation never has it */
     float label_smoothing; /**< training label smoothing (default 0); not in evaluation */
     size_t lce_scratch_bytes; /**< fused loss tile budget; 0 (default): the loss's default */
+    ct_dtype dtype; /**< operand dtype of the matrix products: CT_DTYPE_F32 (default) or
+                         CT_DTYPE_BF16 (mixed precision as PyTorch's CPU autocast does for
+                         linear / matmul: the weights' bf16 copies and the activations
+                         entering each product rounded to bf16, products accumulated and
+                         written in f32; embedding, norms, attention, softmax, the loss, the
+                         gradients and the f32 master weights stay f32). bf16 needs the
+                         model's own parameters (not ct_hf_map_model); the KV cache's decode
+                         computes in f32. docs/train.md, "bf16". */
 } ct_gpt_options;
 
 /** The defaults listed above. */
@@ -369,6 +377,10 @@ typedef struct ct_train_options {
     bool dense_attention;  /**< default false */
     int32_t eos_token;     /**< document masking token, -1 (default): none */
     int64_t eval_batches;  /**< held-out micro-batches per evaluation; default 8 */
+    ct_dtype dtype;        /**< CT_DTYPE_F32 (default) or CT_DTYPE_BF16: ct_gpt_options.dtype
+                                of the model (f32 master weights, gradients and AdamW state
+                                either way; checkpoints stay f32; the "train" metadata keeps
+                                it as "dtype": "f32" | "bf16", absent meaning f32) */
 } ct_train_options;
 
 /** The defaults listed above. */

@@ -46,7 +46,8 @@ class _Options(ctypes.Structure):
     _fields_ = [("batch", ctypes.c_int64), ("seq", ctypes.c_int64),
                 ("fused_head", ctypes.c_bool), ("dense_attention", ctypes.c_bool),
                 ("eos_token", ctypes.c_int32), ("z_loss", ctypes.c_float),
-                ("label_smoothing", ctypes.c_float), ("lce_scratch_bytes", ctypes.c_size_t)]
+                ("label_smoothing", ctypes.c_float), ("lce_scratch_bytes", ctypes.c_size_t),
+                ("dtype", ctypes.c_int)]
 
 
 class _Tensor(ctypes.Structure):
@@ -55,6 +56,7 @@ class _Tensor(ctypes.Structure):
                 ("owns", ctypes.c_bool)]
 
 
+_CT_BF16 = 3  # CT_DTYPE_BF16 of ctorch/tensor.h
 lib.ct_gpt_config_default.restype = _Config
 lib.ct_gpt_options_default.restype = _Options
 lib.ct_gpt_config_from_json.argtypes = [ctypes.c_char_p, _P(_Config)]
@@ -137,10 +139,21 @@ def _config_dict(c):
         lib.ct_free(out)
 
 
-class Model:
-    """A ctorch model in f32 (weights zero until set_weights / init / load)."""
+_GEMM_DTYPES = {torch.float32: 0, "f32": 0, "float32": 0, torch.bfloat16: _CT_BF16, "bf16": _CT_BF16,
+                "bfloat16": _CT_BF16}
 
-    def __init__(self, config, seed=None, _hf=None, _mapped=False):
+
+class Model:
+    """A ctorch model with f32 weights (zero until set_weights / init / load). dtype
+    torch.bfloat16 (or "bf16"): mixed precision as torch.autocast("cpu", torch.bfloat16) does
+    for linear / matmul: every matrix product takes bf16 operands (the weights' bf16 copy and
+    the activation) and accumulates in f32; the weights, gradients, norms, attention and the
+    loss stay f32 (ct_gpt_options.dtype, docs/train.md)."""
+
+    def __init__(self, config, seed=None, _hf=None, _mapped=False, dtype=torch.float32):
+        if dtype not in _GEMM_DTYPES:
+            raise ValueError(f"ctorch.models: dtype must be torch.float32 or torch.bfloat16, got {dtype!r}")
+        self._dtype = _GEMM_DTYPES[dtype]
         self._cfg = _config_struct(config)
         self.config = _config_dict(self._cfg)
         self._hf = _hf          # the directory the weights come from (kept open: mapped views)
@@ -170,7 +183,7 @@ class Model:
                              f"context {ctx}")
         nb, ns = max(B, self._batch, 1), max(T, self._seq, 1)
         o = lib.ct_gpt_options_default()
-        o.batch, o.seq = nb, ns
+        o.batch, o.seq, o.dtype = nb, ns, self._dtype
         m = _vp()
         if self._mapped:  # views into the files in their dtype, no parameter arrays
             n = ctypes.c_int()

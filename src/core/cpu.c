@@ -154,3 +154,21 @@ const char *ct_isa_name(ct_isa isa)
 {
     return (int)isa >= 0 && (int)isa < CT_ISA_COUNT ? isa_names[isa] : "unknown";
 }
+
+/* x86: AVX512_BF16 (CPUID leaf 7 subleaf 1, EAX bit 5) with AVX-512 usable; AArch64: the
+ * kernel's HWCAP2_BF16 (BFDOT / BFMMLA). */
+bool ct_cpu_has_bf16(void)
+{
+    pthread_once(&isa_once, isa_detect);
+#if defined(__x86_64__) && defined(__GNUC__)
+    unsigned a, b, c, d;
+    return isa_have[CT_ISA_AVX512] && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+#elif defined(__aarch64__) && defined(__linux__)
+#ifndef HWCAP2_BF16
+#define HWCAP2_BF16 (1UL << 14)
+#endif
+    return (getauxval(AT_HWCAP2) & HWCAP2_BF16) != 0;
+#else
+    return false;
+#endif
+}

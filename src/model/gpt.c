@@ -9,7 +9,7 @@
 
 ct_gpt_options ct_gpt_options_default(void)
 {
-    ct_gpt_options o = {8, 0, true, false, -1, 0.0f, 0.0f, 0};
+    ct_gpt_options o = {8, 0, true, false, -1, 0.0f, 0.0f, 0, CT_DTYPE_F32};
     return o;
 }
 
@@ -55,6 +55,12 @@ static ct_status acts_layout(ct_gpt *m, bool alloc)
     size_t KE = (size_t)cfg->n_kv_head * E, F = (size_t)cfg->d_ff, Ls = (size_t)L;
     size_t V = (size_t)cfg->vocab_size, Nf = sat(N, sizeof(float)), LNf = sat(Ls, Nf);
     size_t NC = sat(Nf, C), LNC = sat(LNf, C); /* bytes of [N, C] and [L][N, C] */
+    /* bf16: one GEMM operand and one output gradient of a layer at a time, 2 bytes a value */
+    bool bf = m->opt.dtype == CT_DTYPE_BF16;
+    size_t xw = C > HE ? C : HE, dw = 2 * F;
+    if (F > xw) xw = F;
+    if (xw > dw) dw = xw;
+    size_t Nh = sat(N, sizeof(uint16_t));
     gpt_acts *a = &m->a;
     void **slots[] = {
         (void **)&a->inp,     (void **)&a->tgt,   (void **)&a->doc,   (void **)&a->resid,
@@ -64,7 +70,7 @@ static ct_status acts_layout(ct_gpt *m, bool alloc)
         (void **)&a->lnf,     (void **)&a->rstdf, (void **)&a->dres,  (void **)&a->dtmp,
         (void **)&a->dln,     (void **)&a->dq,    (void **)&a->dk,    (void **)&a->dv,
         (void **)&a->datt,    (void **)&a->dgu,   (void **)&a->dh,    (void **)&a->logits,
-        (void **)&a->dlogits, (void **)&a->dmask};
+        (void **)&a->dlogits, (void **)&a->dmask,   (void **)&a->xb,    (void **)&a->dyb};
     size_t bytes[] = {Nf,
                       Nf,
                       Nf,
@@ -94,7 +100,9 @@ static ct_status acts_layout(ct_gpt *m, bool alloc)
                       sat(Nf, F),
                       m->opt.fused_head ? 0 : sat(Nf, V),
                       m->opt.fused_head ? 0 : sat(Nf, V),
-                      m->opt.dense_attention ? sat(B, sat(T, T)) : 0};
+                      m->opt.dense_attention ? sat(B, sat(T, T)) : 0,
+                      bf ? sat(Nh, xw) : 0,
+                      bf ? sat(Nh, dw) : 0};
     return carve(alloc ? &m->acts : NULL, &m->acts_bytes, slots, bytes,
                  (int)(sizeof bytes / sizeof bytes[0]));
 }
@@ -242,6 +250,9 @@ static ct_status check_options(const ct_gpt_config *c, ct_gpt_options *o)
         return ct_error(CT_EINVAL,
                         "ct_gpt_create: eos_token %d is outside the vocabulary [0, %lld)",
                         o->eos_token, (long long)c->vocab_size);
+    if (o->dtype != CT_DTYPE_F32 && o->dtype != CT_DTYPE_BF16)
+        return ct_error(CT_EINVAL, "ct_gpt_create: dtype must be f32 or bf16, got %s",
+                        ct_dtype_name(o->dtype));
     if (!(o->z_loss >= 0) || !(o->label_smoothing >= 0 && o->label_smoothing <= 1))
         return ct_error(
             CT_EINVAL, "ct_gpt_create: need z_loss >= 0 and label_smoothing in [0, 1] (got %g, %g)",
@@ -262,6 +273,9 @@ ct_status gpt_create(const ct_gpt_config *cfg, const ct_gpt_options *opt, bool o
     CT_TRY(ct_gpt_config_check(cfg));
     ct_gpt_options o = opt ? *opt : ct_gpt_options_default();
     CT_TRY(check_options(cfg, &o));
+    if (o.dtype == CT_DTYPE_BF16 && !own_params)
+        return ct_error(CT_EUNSUPPORTED, "ct_gpt_create: dtype bf16 needs the model's own f32 "
+                                         "parameters (not a mapped or sharded model)");
     ct_gpt *m;
     CT_TRY(ct_calloc((void **)&m, sizeof *m));
     m->cfg = *cfg;
@@ -284,6 +298,11 @@ ct_status gpt_create(const ct_gpt_config *cfg, const ct_gpt_options *opt, bool o
     }
     if (own_params && ((s = ct_calloc((void **)&m->params, pbytes)) ||
                        (s = ct_calloc((void **)&m->grads, pbytes)))) {
+        ct_gpt_free(m);
+        return s;
+    }
+    if (own_params && o.dtype == CT_DTYPE_BF16 &&
+        (s = ct_alloc((void **)&m->wbf, (size_t)m->ndecay * sizeof(uint16_t)))) {
         ct_gpt_free(m);
         return s;
     }
@@ -340,6 +359,7 @@ void ct_gpt_free(ct_gpt *m)
     ct_free(m->acts);
     ct_free(m->params);
     ct_free(m->grads);
+    ct_free(m->wbf);
     ct_free(m->own);
     ct_free(m->w.layer);
     ct_free(m->g.layer);
@@ -362,7 +382,8 @@ ct_gpt_memory ct_gpt_memory_sizes(const ct_gpt *m)
 {
     size_t p = (size_t)m->nparams * sizeof(float);
     bool bare = m->mapped && !m->params; /* ct_hf_map_model: views and a few converted tensors */
-    ct_gpt_memory r = {bare ? m->own_bytes : p, bare ? 0 : p, m->acts_bytes, 2 * p};
+    size_t wbf = m->wbf ? (size_t)m->ndecay * sizeof(uint16_t) : 0; /* the bf16 copy */
+    ct_gpt_memory r = {bare ? m->own_bytes : p + wbf, bare ? 0 : p, m->acts_bytes, 2 * p};
     return r;
 }
 
@@ -669,6 +690,41 @@ ct_status gpt_embed_forward(ct_gpt *m, int64_t B, int64_t T)
     return gpt_embed(m->a.resid, m->a.inp, m->w.emb, m->w.hemb, B * T, c->vocab_size, c->d_model);
 }
 
+/* gpt_block_forward in bf16 (ct_gpt_options.dtype): the same layer with each GEMM's
+ * activation rounded into a.xb and the weights' bf16 copy, f32 accumulation and output. */
+static ct_status block_forward_bf16(ct_gpt *m, int64_t l, int64_t B, int64_t T)
+{
+    const ct_gpt_config *c = &m->cfg;
+    int64_t N = B * T, C = c->d_model, E = gpt_E(m), H = c->n_head, K = c->n_kv_head;
+    int64_t HE = H * E, KE = K * E, F = c->d_ff;
+    gpt_acts *a = &m->a;
+    const gpt_layer *w = &m->w.layer[l];
+    size_t lo = (size_t)l * (size_t)N;
+    float *x = a->resid + lo * C, *x2 = a->x2 + lo * C, *out = a->resid + (lo + N) * C;
+    float *ln1 = a->ln1 + lo * C, *ln2 = a->ln2 + lo * C, *q = a->q + lo * HE, *k = a->k + lo * KE;
+    float *v = a->v + lo * KE, *att = a->att + lo * HE, *gu = a->gu + lo * 2 * F, *h = a->hb + lo * F;
+    uint16_t *xb = a->xb;
+    CT_TRY(ct_rmsnorm_forward(ln1, a->rstd1 + lo, x, w->norm1, N, C, c->norm_eps));
+    gpt_to_bf16(xb, ln1, N * C);
+    CT_TRY(gpt_linear_bf16(q, HE, xb, m, w->wq, w->bq, N, C, HE, false));
+    CT_TRY(gpt_linear_bf16(k, KE, xb, m, w->wk, w->bk, N, C, KE, false));
+    CT_TRY(gpt_linear_bf16(v, KE, xb, m, w->wv, w->bv, N, C, KE, false));
+    CT_TRY(gpt_rope(m, q, B, T, H, false));
+    CT_TRY(gpt_rope(m, k, B, T, K, false));
+    CT_TRY(attention_forward(m, (int)l, B, T));
+    memcpy(x2, x, (size_t)(N * C) * sizeof(float));
+    gpt_to_bf16(xb, att, N * HE);
+    CT_TRY(gpt_linear_bf16(x2, C, xb, m, w->wo, NULL, N, HE, C, true));
+    if (w->bo) add_rows(x2, w->bo, N, C);
+    CT_TRY(ct_rmsnorm_forward(ln2, a->rstd2 + lo, x2, w->norm2, N, C, c->norm_eps));
+    gpt_to_bf16(xb, ln2, N * C);
+    CT_TRY(gpt_linear_bf16(gu, 2 * F, xb, m, w->wgu, NULL, N, C, 2 * F, false));
+    CT_TRY(ct_swiglu_forward(h, gu, N, F));
+    memcpy(out, x2, (size_t)(N * C) * sizeof(float));
+    gpt_to_bf16(xb, h, N * F);
+    return gpt_linear_bf16(out, C, xb, m, w->wdown, NULL, N, F, C, true);
+}
+
 /* Layer l: resid[l] -> resid[l + 1], keeping what its backward needs. */
 ct_status gpt_block_forward(ct_gpt *m, int64_t l, int64_t B, int64_t T)
 {
@@ -676,6 +732,7 @@ ct_status gpt_block_forward(ct_gpt *m, int64_t l, int64_t B, int64_t T)
     int64_t N = B * T, C = c->d_model, E = gpt_E(m), H = c->n_head, K = c->n_kv_head;
     int64_t HE = H * E, KE = K * E, F = c->d_ff;
     gpt_acts *a = &m->a;
+    if (gpt_bf16(m)) return block_forward_bf16(m, l, B, T);
     {
         const gpt_layer *w = &m->w.layer[l];
         size_t lo = (size_t)l * (size_t)N;
@@ -722,6 +779,7 @@ ct_status gpt_final_norm_forward(ct_gpt *m, int64_t B, int64_t T)
 /* Embedding and every layer, then the final norm into lnf: inputs already in a.inp. */
 static ct_status forward_body(ct_gpt *m, int64_t B, int64_t T)
 {
+    if (gpt_bf16(m) && (!m->wbf_held || m->mapped)) CT_TRY(gpt_bf16_refresh(m));
     CT_TRY(gpt_embed_forward(m, B, T));
     for (int64_t l = 0; l < m->cfg.n_layer; l++)
         CT_TRY(gpt_block_forward(m, l, B, T));
@@ -757,6 +815,16 @@ ct_status gpt_head_loss(ct_gpt *m, int64_t B, int64_t T, float *loss)
                                          "logits; ct_hf_load_params loads f32 weights)");
     ct_ce_options o = loss_options(m, false);
     ct_ce_outputs out = {loss, NULL, NULL};
+    if (gpt_bf16(m)) {
+        gpt_to_bf16(m->a.xb, m->a.lnf, N * C);
+        if (!m->opt.fused_head) {
+            CT_TRY(gpt_linear_bf16(m->a.logits, V, m->a.xb, m, m->w.out, NULL, N, C, V, false));
+            return ct_cross_entropy_forward(&out, m->a.logits, m->a.tgt, CT_DTYPE_I32, N, V, &o);
+        }
+        ct_lce_inputs in = {m->a.xb, gpt_wb(m, m->w.out), NULL, CT_DTYPE_BF16, m->a.tgt,
+                            CT_DTYPE_I32, N, C, V};
+        return ct_linear_cross_entropy_forward(&out, &in, &o);
+    }
     if (!m->opt.fused_head) {
         CT_TRY(ct_linear_forward(m->a.logits, m->a.lnf, m->w.out, NULL, N, C, V));
         return ct_cross_entropy_forward(&out, m->a.logits, m->a.tgt, CT_DTYPE_I32, N, V, &o);
@@ -781,6 +849,10 @@ ct_status ct_gpt_next_logits(ct_gpt *m, const int32_t *tokens, int64_t T, float 
     for (int64_t t = 0; t < T; t++)
         m->a.inp[t] = tokens[t];
     CT_TRY(forward_body(m, 1, T));
+    if (gpt_bf16(m)) {
+        gpt_to_bf16(m->a.xb, m->a.lnf + (T - 1) * C, C);
+        return gpt_linear_bf16(logits, V, m->a.xb, m, m->w.out, NULL, 1, C, V, false);
+    }
     return gpt_linear(logits, V, m->a.lnf + (T - 1) * C, m->w.out, m->w.hout, NULL, 1, C, V, false,
                       false);
 }
@@ -805,6 +877,10 @@ ct_status ct_gpt_logits(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T, 
     for (int64_t i = 0; i < B * T; i++)
         m->a.inp[i] = tokens[i];
     CT_TRY(forward_body(m, B, T));
+    if (gpt_bf16(m)) {
+        gpt_to_bf16(m->a.xb, m->a.lnf, B * T * C);
+        return gpt_linear_bf16(logits, V, m->a.xb, m, m->w.out, NULL, B * T, C, V, false);
+    }
     return gpt_linear(logits, V, m->a.lnf, m->w.out, m->w.hout, NULL, B * T, C, V, false, false);
 }
 
@@ -836,7 +912,25 @@ ct_status gpt_head_backward(ct_gpt *m, int64_t B, int64_t T, float grad_scale, f
     ct_ce_outputs out = {&lossv, NULL, NULL};
     /* head: dln = d loss / d lnf; the head weight's gradient is accumulated (tied: into the
      * embedding's gradient, which the embedding backward adds to below) */
-    if (m->opt.fused_head) {
+    if (gpt_bf16(m)) { /* bf16 operands (lnf and the head's copy), f32 statistics and gradients */
+        gpt_to_bf16(a->xb, a->lnf, N * C);
+        const uint16_t *wo = gpt_wb(m, m->w.out);
+        if (m->opt.fused_head) {
+            memset(a->dln, 0, (size_t)(N * C) * sizeof(float));
+            ct_lce_inputs in = {a->xb, wo, NULL, CT_DTYPE_BF16, a->tgt, CT_DTYPE_I32, N, C, V};
+            ct_lce_grads g = {a->dln, m->g.out, NULL, true};
+            CT_TRY(ct_linear_cross_entropy_forward_backward(&out, &g, &grad_scale, &in, &o));
+        } else { /* dlogits rounded into the logits' buffer, dead after the loss's backward */
+            uint16_t *dlb = (uint16_t *)a->logits;
+            CT_TRY(gpt_linear_bf16(a->logits, V, a->xb, m, m->w.out, NULL, N, C, V, false));
+            CT_TRY(ct_cross_entropy_forward(&out, a->logits, a->tgt, CT_DTYPE_I32, N, V, &o));
+            CT_TRY(ct_cross_entropy_backward(a->dlogits, &grad_scale, a->logits, a->tgt,
+                                             CT_DTYPE_I32, N, V, &o));
+            gpt_to_bf16(dlb, a->dlogits, N * V);
+            CT_TRY(ct_gemm_bf16(false, false, N, C, V, 1.0f, dlb, V, wo, C, 0.0f, a->dln, C));
+            CT_TRY(ct_gemm_bf16(true, false, V, C, N, 1.0f, dlb, V, a->xb, C, 1.0f, m->g.out, C));
+        }
+    } else if (m->opt.fused_head) {
         memset(a->dln, 0, (size_t)(N * C) * sizeof(float));
         ct_lce_inputs in = {a->lnf, m->w.out, NULL, CT_DTYPE_F32, a->tgt, CT_DTYPE_I32, N, C, V};
         ct_lce_grads g = {a->dln, m->g.out, NULL, true};
@@ -853,6 +947,64 @@ ct_status gpt_head_backward(ct_gpt *m, int64_t B, int64_t T, float grad_scale, f
                                m->w.norm, a->rstdf, N, C);
 }
 
+/* gpt_block_backward in bf16: each GEMM takes the output gradient rounded into a.dyb and the
+ * activation (a.xb) or the weights' bf16 copy; products and gradients accumulate in f32. */
+static ct_status block_backward_bf16(ct_gpt *m, int64_t l, int64_t B, int64_t T)
+{
+    const ct_gpt_config *c = &m->cfg;
+    int64_t N = B * T, C = c->d_model, E = gpt_E(m), H = c->n_head, K = c->n_kv_head;
+    int64_t HE = H * E, KE = K * E, F = c->d_ff;
+    gpt_acts *a = &m->a;
+    const gpt_layer *w = &m->w.layer[l];
+    gpt_layer *g = &m->g.layer[l];
+    size_t lo = (size_t)l * (size_t)N;
+    float *x = a->resid + lo * C, *x2 = a->x2 + lo * C, *ln1 = a->ln1 + lo * C,
+          *ln2 = a->ln2 + lo * C;
+    float *att = a->att + lo * HE, *gu = a->gu + lo * 2 * F, *h = a->hb + lo * F;
+    uint16_t *xb = a->xb, *dyb = a->dyb;
+    /* MLP block */
+    gpt_to_bf16(dyb, a->dres, N * C);
+    gpt_to_bf16(xb, h, N * F);
+    CT_TRY(ct_gemm_bf16(true, false, C, F, N, 1.0f, dyb, C, xb, F, 1.0f, g->wdown, F));
+    CT_TRY(ct_gemm_bf16(false, false, N, F, C, 1.0f, dyb, C, gpt_wb(m, w->wdown), F, 0.0f, a->dh, F));
+    CT_TRY(ct_swiglu_backward(a->dgu, a->dh, gu, N, F));
+    gpt_to_bf16(dyb, a->dgu, N * 2 * F);
+    gpt_to_bf16(xb, ln2, N * C);
+    CT_TRY(ct_gemm_bf16(false, false, N, C, 2 * F, 1.0f, dyb, 2 * F, gpt_wb(m, w->wgu), C, 0.0f,
+                        a->dln, C));
+    CT_TRY(ct_gemm_bf16(true, false, 2 * F, C, N, 1.0f, dyb, 2 * F, xb, C, 1.0f, g->wgu, C));
+    CT_TRY(ct_rmsnorm_backward(a->dtmp, g->norm2, a->dln, x2, w->norm2, a->rstd2 + lo, N, C));
+    CT_TRY(ct_add(a->dres, a->dres, a->dtmp, N * C));
+    /* attention block */
+    if (g->bo) sum_rows(g->bo, a->dres, N, C);
+    gpt_to_bf16(dyb, a->dres, N * C);
+    gpt_to_bf16(xb, att, N * HE);
+    CT_TRY(ct_gemm_bf16(true, false, C, HE, N, 1.0f, dyb, C, xb, HE, 1.0f, g->wo, HE));
+    CT_TRY(ct_gemm_bf16(false, false, N, HE, C, 1.0f, dyb, C, gpt_wb(m, w->wo), HE, 0.0f, a->datt,
+                        HE));
+    CT_TRY(attention_backward(m, (int)l, B, T));
+    CT_TRY(gpt_rope(m, a->dq, B, T, H, true));
+    CT_TRY(gpt_rope(m, a->dk, B, T, K, true));
+    if (g->bq) {
+        sum_rows(g->bq, a->dq, N, HE);
+        sum_rows(g->bk, a->dk, N, KE);
+        sum_rows(g->bv, a->dv, N, KE);
+    }
+    gpt_to_bf16(xb, ln1, N * C);
+    const float *dy[3] = {a->dq, a->dk, a->dv};
+    const float *wt[3] = {w->wq, w->wk, w->wv};
+    float *gw[3] = {g->wq, g->wk, g->wv};
+    int64_t rows[3] = {HE, KE, KE};
+    for (int i = 0; i < 3; i++) { /* dln = dq Wq + dk Wk + dv Wv, in this order */
+        gpt_to_bf16(dyb, dy[i], N * rows[i]);
+        CT_TRY(ct_gemm_bf16(false, false, N, C, rows[i], 1.0f, dyb, rows[i], gpt_wb(m, wt[i]), C,
+                            i ? 1.0f : 0.0f, a->dln, C));
+        CT_TRY(ct_gemm_bf16(true, false, rows[i], C, N, 1.0f, dyb, rows[i], xb, C, 1.0f, gw[i], C));
+    }
+    CT_TRY(ct_rmsnorm_backward(a->dtmp, g->norm1, a->dln, x, w->norm1, a->rstd1 + lo, N, C));
+    return ct_add(a->dres, a->dres, a->dtmp, N * C);
+}
+
 /* Layer l backward: dres = d loss / d resid[l + 1] in, d loss / d resid[l] out; the layer's
  * gradients are accumulated into m->g.layer[l]. */
 ct_status gpt_block_backward(ct_gpt *m, int64_t l, int64_t B, int64_t T)
@@ -861,6 +1013,7 @@ ct_status gpt_block_backward(ct_gpt *m, int64_t l, int64_t B, int64_t T)
     int64_t N = B * T, C = c->d_model, E = gpt_E(m), H = c->n_head, K = c->n_kv_head;
     int64_t HE = H * E, KE = K * E, F = c->d_ff;
     gpt_acts *a = &m->a;
+    if (gpt_bf16(m)) return block_backward_bf16(m, l, B, T);
     {
         const gpt_layer *w = &m->w.layer[l];
         gpt_layer *g = &m->g.layer[l];

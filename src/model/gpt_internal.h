@@ -56,6 +56,8 @@ typedef struct gpt_acts {
     float *lnf, *rstdf;           /* [N, C], [N] */
     float *dres, *dtmp, *dln, *dq, *dk, *dv, *datt, *dgu, *dh; /* backward scratch, one layer */
     float *logits, *dlogits; /* [N, V] each: the unfused head only */
+    uint16_t *xb, *dyb; /* dtype bf16 only: a GEMM's activation operand [N, max(C, HE, F)]
+                           and its output gradient [N, max(C, HE, 2F)], rounded to bf16 */
     uint8_t *dmask;          /* [B, T, T]: dense attention only */
 } gpt_acts;
 
@@ -80,7 +82,30 @@ struct ct_gpt {
     float *own;      /* a mapped model without parameter arrays: the tensors converted to f32
                         (norms, biases, anything misaligned in its file) */
     size_t own_bytes;
+    uint16_t *wbf; /* dtype bf16: the matrices' bf16 copy (params[0, ndecay) rounded) */
+    bool wbf_held; /* the trainer refreshes wbf itself (each step, each evaluation); otherwise
+                      every forward refreshes it (the f32 weights may have been written) */
 };
+
+/* ---- bf16 mixed precision (ct_gpt_options.dtype == CT_DTYPE_BF16) --------------------------- */
+static inline bool gpt_bf16(const ct_gpt *m)
+{
+    return m->opt.dtype == CT_DTYPE_BF16;
+}
+/* The bf16 copy of matrix w (a view into m->params). */
+static inline const uint16_t *gpt_wb(const ct_gpt *m, const float *w)
+{
+    return m->wbf + (w - m->params);
+}
+/* dst[0, n) = src rounded to bf16 (round to nearest even), in fixed chunks across threads. */
+void gpt_to_bf16(uint16_t *dst, const float *src, int64_t n);
+/* Round the f32 matrices into m->wbf (CT_EINVAL when the model has no parameters of its own). */
+ct_status gpt_bf16_refresh(ct_gpt *m);
+/* out[N, V] (row stride ldo) = xb[N, D] (bf16) W[V, D]^T (bf16 copy of w) (+ out when
+ * accumulate) + bias (f32, may be NULL; added first as ct_linear_forward does). */
+ct_status gpt_linear_bf16(float *out, int64_t ldo, const uint16_t *xb, const ct_gpt *m,
+                          const float *w, const float *bias, int64_t N, int64_t D, int64_t V,
+                          bool accumulate);
 
 /* Head dim of the model (cfg.head_dim or d_model / n_head). */
 static inline int64_t gpt_E(const ct_gpt *m)

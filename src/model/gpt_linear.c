@@ -270,3 +270,58 @@ ct_status gpt_embed(float *out, const int32_t *ids, const float *w, gpt_half h, 
         ct_convert_f16_to_f32(out + n * D, h.p + (int64_t)ids[n] * D, (size_t)D);
     return CT_OK;
 }
+
+/* ---- bf16 mixed precision (ct_gpt_options.dtype bf16) -------------------------------------- */
+
+#define BF16_CHUNK 16384 /* values rounded per task: elementwise, so any split gives the same bits */
+
+typedef struct bf16_job {
+    uint16_t *dst;
+    const float *src;
+    int64_t n;
+} bf16_job;
+
+static void bf16_chunks(void *arg, int64_t c0, int64_t c1, int tid)
+{
+    const bf16_job *j = arg;
+    (void)tid;
+    for (int64_t c = c0; c < c1; c++) {
+        int64_t i = c * BF16_CHUNK, k = j->n - i < BF16_CHUNK ? j->n - i : BF16_CHUNK;
+        ct_convert_f32_to_bf16(j->dst + i, j->src + i, (size_t)k);
+    }
+}
+
+void gpt_to_bf16(uint16_t *dst, const float *src, int64_t n)
+{
+    if (n <= 0) return;
+    if (n <= BF16_CHUNK) {
+        ct_convert_f32_to_bf16(dst, src, (size_t)n);
+        return;
+    }
+    bf16_job j = {dst, src, n};
+    ct_parallel_for((n + BF16_CHUNK - 1) / BF16_CHUNK, bf16_chunks, &j);
+}
+
+ct_status gpt_bf16_refresh(ct_gpt *m)
+{
+    if (!m->wbf || m->mapped)
+        return ct_error(CT_EINVAL, "ct_gpt: dtype bf16 needs the model's own f32 parameters (its "
+                                   "weights are mapped from a file)");
+    gpt_to_bf16(m->wbf, m->params, m->ndecay);
+    return CT_OK;
+}
+
+ct_status gpt_linear_bf16(float *out, int64_t ldo, const uint16_t *xb, const ct_gpt *m,
+                          const float *w, const float *bias, int64_t N, int64_t D, int64_t V,
+                          bool accumulate)
+{
+    float beta = accumulate ? 1.0f : 0.0f;
+    if (bias && !accumulate) {
+        for (int64_t n = 0; n < N; n++)
+            memcpy(out + n * ldo, bias, (size_t)V * sizeof(float));
+        beta = 1.0f;
+    }
+    CT_TRY(ct_gemm_bf16(false, true, N, V, D, 1.0f, xb, D, gpt_wb(m, w), D, beta, out, ldo));
+    if (bias && accumulate) add_bias(out, ldo, bias, N, V);
+    return CT_OK;
+}

@@ -45,6 +45,7 @@ ct_train_options ct_train_options_default(void)
     o.fused_head = true;
     o.eos_token = -1;
     o.eval_batches = 8;
+    o.dtype = CT_DTYPE_F32;
     return o;
 }
 
@@ -73,6 +74,9 @@ ct_status gpt_check_train_options(const ct_gpt_config *c, ct_train_options *o, c
     if (!(o->lr >= 0) || !(o->min_lr >= 0) || !isfinite(o->lr) || !isfinite(o->min_lr))
         return ct_error(CT_EINVAL, "%s: lr and min_lr must be finite and >= 0 (got %g, %g)", fn,
                         o->lr, o->min_lr);
+    if (o->dtype != CT_DTYPE_F32 && o->dtype != CT_DTYPE_BF16)
+        return ct_error(CT_EINVAL, "%s: dtype must be f32 or bf16, got %s", fn,
+                        ct_dtype_name(o->dtype));
     if (o->eval_batches < 0 || o->eval_batches > CT_TRAIN_MAX_BATCH)
         return ct_error(CT_EINVAL, "%s: eval_batches must be in [0, 2^20], got %lld", fn,
                         (long long)o->eval_batches);
@@ -132,7 +136,9 @@ ct_status ct_trainer_create(const ct_gpt_config *cfg, const ct_train_options *op
     mo.eos_token = o.eos_token;
     mo.z_loss = o.z_loss;
     mo.label_smoothing = o.label_smoothing;
+    mo.dtype = o.dtype;
     ct_status s = ct_gpt_create(cfg, &mo, &t->m);
+    if (s == CT_OK) t->m->wbf_held = true; /* refreshed by each step and evaluation */
     if (s == CT_OK) s = ct_gpt_init(t->m, o.seed);
     if (s == CT_OK)
         s = ct_calloc((void **)&t->moments, 2 * (size_t)ct_gpt_num_params(t->m) * sizeof(float));
@@ -198,6 +204,9 @@ ct_status ct_trainer_step(ct_trainer *t, ct_train_step_info *info)
 {
     if (!t) return ct_error(CT_EINVAL, "ct_trainer_step: t must not be NULL");
     ct_gpt *m = t->m;
+    /* bf16: the weights' bf16 copy from the f32 master weights, once per step (after the last
+     * step's update, and anything written between steps: a load, --init-from, LoRA) */
+    if (gpt_bf16(m)) CT_TRY(gpt_bf16_refresh(m));
     ct_gpt_zero_grad(m);
     double loss = 0;
     float scale = 1.0f / (float)t->o.accum;
@@ -243,6 +252,7 @@ ct_status ct_trainer_evaluate(ct_trainer *t, float *loss)
     int64_t B = t->o.batch, T = t->o.seq, windows = (t->n_eval - 1) / T;
     if (windows < 1)
         return ct_error(CT_EINVAL, "ct_trainer_evaluate: the trainer has no held-out tokens");
+    if (gpt_bf16(t->m)) CT_TRY(gpt_bf16_refresh(t->m));
     double sum = 0;
     int64_t batches = 0;
     for (int64_t k = 0; k < t->o.eval_batches; k++) {
@@ -264,7 +274,7 @@ ct_status ct_trainer_evaluate(ct_trainer *t, float *loss)
 /* ---- checkpoints --------------------------------------------------------------------------- */
 
 /* The options as JSON fields, in one table so writing and reading agree. */
-typedef enum { F_I64, F_U64, F_F32, F_BOOL, F_I32 } field_kind;
+typedef enum { F_I64, F_U64, F_F32, F_BOOL, F_I32, F_DTYPE } field_kind;
 typedef struct {
     const char *name;
     field_kind kind;
@@ -295,6 +305,7 @@ static const field FIELDS[] = {
     FIELD(dense_attention, F_BOOL),
     FIELD(eos_token, F_I32),
     FIELD(eval_batches, F_I64),
+    FIELD(dtype, F_DTYPE), /* "f32" | "bf16" (absent in older checkpoints: f32) */
 };
 #define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
 
@@ -321,6 +332,9 @@ ct_status ct_train_options_to_json(const ct_train_options *o, char **json)
             break;
         case F_BOOL:
             v = json_boolean(*(const bool *)p);
+            break;
+        case F_DTYPE:
+            v = json_string(ct_dtype_name(*(const ct_dtype *)p));
             break;
         }
         json_object_set_new(j, FIELDS[i].name, v);
@@ -358,9 +372,10 @@ ct_status ct_train_options_from_json(const char *text, ct_train_options *o)
             break;
         }
         char *p = (char *)o + FIELDS[i].offset;
-        bool ok = FIELDS[i].kind == F_F32    ? json_is_number(val)
-                  : FIELDS[i].kind == F_BOOL ? json_is_boolean(val)
-                                             : json_is_integer(val);
+        bool ok = FIELDS[i].kind == F_F32     ? json_is_number(val)
+                  : FIELDS[i].kind == F_BOOL  ? json_is_boolean(val)
+                  : FIELDS[i].kind == F_DTYPE ? json_is_string(val)
+                                              : json_is_integer(val);
         if (!ok) {
             s = ct_error(CT_EFORMAT, "train options: \"%s\" has the wrong type", key);
             break;
@@ -381,7 +396,20 @@ ct_status ct_train_options_from_json(const char *text, ct_train_options *o)
         case F_BOOL:
             *(bool *)p = json_is_true(val);
             break;
+        case F_DTYPE: {
+            const char *name = json_string_value(val);
+            ct_dtype dt = CT_DTYPE_F32;
+            if (strcmp(name, "f32") && strcmp(name, "bf16")) {
+                s = ct_error(CT_EFORMAT, "train options: \"dtype\" must be \"f32\" or \"bf16\", "
+                                         "got \"%.40s\"", name);
+                break;
+            }
+            ct_dtype_from_name(name, &dt);
+            *(ct_dtype *)p = dt;
+            break;
         }
+        }
+        if (s) break;
     }
     json_decref(j);
     return s;
