@@ -59,5 +59,9 @@ cli_launch_opts cli_launch_defaults(void);
 int cli_launch_run(const cli_launch_opts *o, char *const *prog);
 /* Folder of the running executable's source tree scripts (bench/), or NULL. */
 const char *cli_source_dir(void);
+/* Copy tokenizer.json, tokenizer_config.json, special_tokens_map.json and
+ * generation_config.json of a Hugging Face directory into dst_dir where present (cli/
+ * side_files.c): 0, or 1 with a message naming the file and the rule it broke. */
+int cli_copy_side_files(const char *cmd, const char *src_dir, const char *dst_dir);
 
 #endif

@@ -10,6 +10,7 @@
  * Every route writes its output atomically (temp file, fsync, rename: ct_save_*), so a failed
  * or interrupted conversion leaves OUT as it was. */
 #include "cli.h"
+#include "core/internal.h" /* ct_file_*: the one way files are read */
 
 #include <dirent.h>
 #include <errno.h>
@@ -269,22 +270,20 @@ static char *path_join(const char *dir, const char *name)
 /* A small text file (at most CONVERT_TEXT_MAX bytes) into a new NUL-terminated buffer. */
 static char *read_text(const char *path, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "ctorch convert: cannot open '%s': %s\n", path, strerror(errno));
+    char *text; /* a regular file (a FIFO or /dev/zero refused), at most CONVERT_TEXT_MAX */
+    size_t n;
+    ct_status s = ct_file_read_all(path, "config", CONVERT_TEXT_MAX, &text, &n);
+    if (s) {
+        cli_fail("convert", s);
         return NULL;
     }
-    char *buf = malloc(CONVERT_TEXT_MAX + 1);
-    size_t n = buf ? fread(buf, 1, CONVERT_TEXT_MAX + 1, f) : 0;
-    bool err = ferror(f);
-    fclose(f);
-    if (!buf || err || n > CONVERT_TEXT_MAX) {
-        fprintf(stderr, "ctorch convert: cannot read '%s'%s\n", path,
-                n > CONVERT_TEXT_MAX ? ": larger than 1 MiB" : "");
-        free(buf);
+    char *buf = malloc(n + 1);
+    if (buf) memcpy(buf, text, n + 1);
+    ct_free(text);
+    if (!buf) {
+        cli_fail("convert", CT_ENOMEM);
         return NULL;
     }
-    buf[n] = '\0';
     if (len) *len = n;
     return buf;
 }
@@ -711,32 +710,7 @@ static int write_hf(const convert_args *a, model_src *s)
     int rc = st ? cli_fail("convert", st) : 0;
     if (!rc && !s->hf) rc = restore_config(tmp, s);
     if (!rc && s->hf) { /* the tokenizer and generation files, as they are */
-        static const char *side[] = {"tokenizer.json", "tokenizer_config.json",
-                                     "special_tokens_map.json", "generation_config.json"};
-        for (size_t i = 0; !rc && i < sizeof side / sizeof side[0]; i++) {
-            char *src = path_join(a->in, side[i]);
-            size_t len = 0;
-            char *data = NULL;
-            if (!src) rc = cli_fail("convert", CT_ENOMEM);
-            /* tokenizer.json may be larger than a config: read it through the tokenizer's
-             * own bound (the library's reader) only when present */
-            else if (is_regular_file(src)) {
-                FILE *f = fopen(src, "rb");
-                struct stat sb;
-                if (!f || fstat(fileno(f), &sb) || sb.st_size > ((off_t)1 << 30) ||
-                    !(data = malloc((size_t)sb.st_size + 1)) ||
-                    fread(data, 1, (size_t)sb.st_size, f) != (size_t)sb.st_size) {
-                    fprintf(stderr, "ctorch convert: cannot read '%s'\n", src);
-                    rc = 1;
-                } else {
-                    len = (size_t)sb.st_size;
-                    rc = write_file(tmp, side[i], data, len);
-                }
-                if (f) fclose(f);
-            }
-            free(data);
-            free(src);
-        }
+        rc = cli_copy_side_files("convert", a->in, tmp);
     } else if (!rc && s->tok) {
         char *tp = path_join(tmp, "tokenizer.json");
         if (!tp || (st = ct_tokenizer_save(s->tok, tp))) rc = cli_fail("convert", st ? st : CT_ENOMEM);

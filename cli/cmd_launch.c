@@ -3,6 +3,7 @@
  * rank failed and how. Without --elastic the first failure ends the others (SIGTERM, then
  * SIGKILL after a grace period); with it the survivors keep going. */
 #include "cli.h"
+#include "core/internal.h" /* ct_file_*: the one way files are read */
 
 #include <dirent.h>
 #include <errno.h>
@@ -221,7 +222,12 @@ static void summarise_dumps(const char *dir)
         snprintf(path, sizeof path, "%s/%s", dir, names[i]->d_name);
         free(names[i]);
         json_error_t err;
-        json_t *j = json_load_file(path, 0, &err);
+        char *text; /* a regular file (a FIFO planted there is passed over, not waited on) */
+        size_t tlen;
+        if (ct_file_read_all(path, "flight recorder dump", CT_FILE_INDEX_MAX, &text, &tlen))
+            continue;
+        json_t *j = json_loadb(text, tlen, 0, &err);
+        ct_free(text);
         if (!j) continue;
         json_int_t r = json_integer_value(json_object_get(j, "rank"));
         json_int_t enq = json_integer_value(json_object_get(j, "last_enqueued_seq"));

@@ -1,12 +1,14 @@
 /* ctorch tokenizer train|encode|decode: the byte-level BPE tokenizer that ctorch train --data
  * uses. */
 #include "cli.h"
+#include "core/internal.h" /* ct_file_*: the one way files are read */
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static void usage(FILE *f)
 {
@@ -28,15 +30,17 @@ static void usage(FILE *f)
 /* The whole of a regular file (NULL and a message on any failure: a folder, a read error). */
 static char *slurp(const char *path, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "ctorch tokenizer: cannot open '%s': %s\n", path, strerror(errno));
+    int fd; /* a regular file: a FIFO or /dev/zero is refused, never waited on */
+    size_t size;
+    ct_status s = ct_file_open_regular(path, "input", SIZE_MAX, &fd, &size);
+    if (s) {
+        cli_fail("tokenizer", s);
         return NULL;
     }
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fprintf(stderr, "ctorch tokenizer: '%s' is not a regular file\n", path);
-        fclose(f);
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        fprintf(stderr, "ctorch tokenizer: cannot open '%s': %s\n", path, strerror(errno));
+        close(fd);
         return NULL;
     }
     size_t cap = 1 << 16, n = 0;

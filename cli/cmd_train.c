@@ -2,6 +2,7 @@
  * a text file (byte-level BPE), with a progress line, a JSON-lines metrics log, checkpoints
  * that resume exactly, held-out evaluation and a loss-curve SVG. */
 #include "cli.h"
+#include "core/internal.h" /* ct_file_*: the one way files are read */
 
 #include <errno.h>
 #include <inttypes.h>
@@ -402,38 +403,31 @@ static int parse(run *r, int argc, char **argv)
 
 /* ---- files --------------------------------------------------------------------------------- */
 
-static int read_file(const char *path, char **data, size_t *len)
+/* The whole of a regular file (a FIFO, /dev/zero or a folder refused: never waited on, never
+ * read without end) of at most max bytes, into a malloc'd buffer with a NUL after *len. */
+static int read_file(const char *path, const char *what, size_t max, char **data, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "ctorch train: cannot open '%s': %s\n", path, strerror(errno));
-        return 1;
+    int fd;
+    size_t n;
+    ct_status s = ct_file_open_regular(path, what, max, &fd, &n);
+    char *buf = s ? NULL : malloc(n + 1);
+    if (!s && !buf)
+        s = ct_error(CT_ENOMEM, "%s '%s' (%zu bytes) does not fit in memory", what, path, n);
+    for (size_t got = 0; !s && got < n;) {
+        ssize_t r = pread(fd, buf + got, n - got, (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0)
+            s = ct_error(CT_EIO, "reading %s '%s': %s", what, path,
+                         r < 0 ? strerror(errno) : "the file shrank while it was read");
+        else
+            got += (size_t)r;
     }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (n == cap) {
-            cap *= 2;
-            char *nb = realloc(buf, cap);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                fprintf(stderr, "ctorch train: '%s' does not fit in memory\n", path);
-                return 1;
-            }
-            buf = nb;
-        }
-        size_t got = fread(buf + n, 1, cap - n, f);
-        if (!got) break;
-        n += got;
-    }
-    bool err = ferror(f);
-    fclose(f);
-    if (err) {
+    if (fd >= 0) close(fd);
+    if (s) {
         free(buf);
-        fprintf(stderr, "ctorch train: cannot read '%s': %s\n", path, strerror(errno));
-        return 1;
+        return cli_fail("train", s);
     }
+    buf[n] = '\0';
     *data = buf;
     *len = n;
     return 0;
@@ -488,7 +482,7 @@ static int text_data(run *r, uint64_t want_checksum, int64_t want_tokens)
 {
     char *text;
     size_t len;
-    if (read_file(r->data_path, &text, &len)) return 1;
+    if (read_file(r->data_path, "training data", SIZE_MAX, &text, &len)) return 1;
     size_t bad;
     if (!ct_utf8_valid(text, len, &bad)) {
         fprintf(stderr,
@@ -770,8 +764,14 @@ static void fmt_time(double s, char *buf, size_t n)
  * so a resumed run plots its whole history. */
 static int write_svg(const run *r)
 {
-    FILE *in = fopen(r->metrics, "r");
-    if (!in) return 1;
+    int mfd;
+    size_t msize;
+    if (ct_file_open_regular(r->metrics, "metrics", SIZE_MAX, &mfd, &msize)) return 1;
+    FILE *in = fdopen(mfd, "r");
+    if (!in) {
+        close(mfd);
+        return 1;
+    }
     size_t cap = 1024, n = 0, ne = 0, cape = 64;
     double *xs = malloc(cap * sizeof *xs), *ys = malloc(cap * sizeof *ys);
     double *ex = malloc(cape * sizeof *ex), *ey = malloc(cape * sizeof *ey);
@@ -957,33 +957,11 @@ static double progress_to_floor(const run *r, double loss)
 /* ---- the run ------------------------------------------------------------------------------- */
 
 /* Copy the tokenizer and generation files of a HF directory into OUT (atomically each), so
- * OUT is a complete model directory. */
+ * OUT is a complete model directory (cli/side_files.c: regular files inside the directory,
+ * their permission bits kept). */
 static int copy_side_files(const run *r)
 {
-    static const char *files[] = {"tokenizer.json", "tokenizer_config.json",
-                                  "special_tokens_map.json", "generation_config.json"};
-    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        char src[4200], dst[4200], tmp[4300];
-        snprintf(src, sizeof src, "%s/%s", r->init_from, files[i]);
-        snprintf(dst, sizeof dst, "%s/%s", r->out, files[i]);
-        char *data;
-        size_t len;
-        FILE *f = fopen(src, "rb");
-        if (!f) continue;
-        fclose(f);
-        if (read_file(src, &data, &len)) return 1;
-        snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dst, (long)getpid());
-        FILE *o = fopen(tmp, "wb");
-        bool ok = o && fwrite(data, 1, len, o) == len;
-        if (o) ok = fclose(o) == 0 && ok;
-        free(data);
-        if (!ok || rename(tmp, dst)) {
-            remove(tmp);
-            fprintf(stderr, "ctorch train: cannot write '%s': %s\n", dst, strerror(errno));
-            return 1;
-        }
-    }
-    return 0;
+    return cli_copy_side_files("train", r->init_from, r->out);
 }
 
 static int save(const run *r, ct_trainer *t)
@@ -1734,7 +1712,7 @@ int cmd_train(int argc, char **argv)
     if (!rc && r.config_path) {
         char *text;
         size_t len;
-        if (!(rc = read_file(r.config_path, &text, &len))) {
+        if (!(rc = read_file(r.config_path, "--config", CT_FILE_CONFIG_MAX, &text, &len))) {
             char *z = realloc(text, len + 1);
             z[len] = '\0';
             ct_status s = ct_gpt_config_from_json(z, &r.cfg);

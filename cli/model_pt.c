@@ -4,8 +4,10 @@
  * it, its tensors under ctorch's or Hugging Face's names (one prefix for all, such as "model."
  * of {"model": state_dict}). Shared by `ctorch generate --model FILE.pt` and `ctorch convert`. */
 #include "cli.h"
+#include "core/internal.h" /* ct_file_*: the one way files are read */
 
 #include <jansson.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,8 +50,8 @@ int cli_pt_model_config(const char *path, const ct_tensor_file *f, ct_gpt_config
         beside = malloc(dl + sizeof "/config.json");
         if (!beside) return cli_fail("model", CT_ENOMEM);
         snprintf(beside, dl + sizeof "/config.json", "%.*s/config.json", (int)dl, sl ? path : ".");
-        FILE *cf = fopen(beside, "rb");
-        if (!cf) {
+        struct stat bst;
+        if (lstat(beside, &bst) != 0) {
             fprintf(stderr,
                     "ctorch: '%s' carries no model configuration: save it in the file "
                     "(torch.save({\"config\": config, \"model\": state_dict})) or put config.json "
@@ -58,16 +60,17 @@ int cli_pt_model_config(const char *path, const ct_tensor_file *f, ct_gpt_config
             free(beside);
             return 1;
         }
-        text = malloc(PT_CONFIG_MAX + 1);
-        size_t n = text ? fread(text, 1, PT_CONFIG_MAX + 1, cf) : 0;
-        fclose(cf);
-        if (!text || n > PT_CONFIG_MAX) {
-            fprintf(stderr, "ctorch: %s: %s\n", beside, text ? "larger than 1 MiB" : "out of memory");
-            free(text);
+        /* a regular file (a FIFO or /dev/zero refused) of at most PT_CONFIG_MAX bytes */
+        char *ctext;
+        size_t n;
+        ct_status rs = ct_file_read_all(beside, "model config", PT_CONFIG_MAX, &ctext, &n);
+        if (rs) {
             free(beside);
-            return 1;
+            return cli_fail("model", rs);
         }
-        text[n] = '\0';
+        text = malloc(n + 1);
+        if (text) memcpy(text, ctext, n + 1);
+        ct_free(ctext);
     }
     if (!text) return cli_fail("model", CT_ENOMEM);
     bool hf;

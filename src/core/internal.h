@@ -41,6 +41,34 @@ static inline bool ct_add_size(size_t a, size_t b, size_t *out)
     return !__builtin_add_overflow(a, b, out);
 }
 
+/* ---- files ctorch reads (src/core/file.c): every reader of a path goes through these ----
+ * The path is opened O_RDONLY|O_NONBLOCK|O_CLOEXEC (a FIFO cannot block the open), fstat must
+ * say it is a regular file (a FIFO, /dev/zero or another device, a socket or a folder: CT_EINVAL,
+ * "<what> '<path>' is not a regular file (a FIFO)"), its size must be at most max (CT_EFORMAT
+ * naming the size and the limit; SIZE_MAX: the file's own size is the only bound, as for
+ * weights), and O_NONBLOCK is cleared. `what` names the input in messages ("model config"). */
+#include <stddef.h>
+#include <stdint.h>
+#define CT_FILE_CONFIG_MAX ((size_t)16 << 20) /* config.json and other JSON side files */
+#define CT_FILE_INDEX_MAX ((size_t)64 << 20)  /* indexes, tokenizer.json side files */
+ct_status ct_file_open_regular(const char *path, const char *what, size_t max, int *fd,
+                               size_t *size);
+/* The same relative to a directory descriptor; flags adds O_NOFOLLOW and the like. */
+ct_status ct_file_openat_regular(int dfd, const char *name, int flags, const char *what,
+                                 size_t max, int *fd, size_t *size);
+/* size bytes from offset 0 of an opened file into *buf (ct_alloc'd, NUL-terminated). */
+ct_status ct_file_read_fd(int fd, const char *path, const char *what, size_t size, char **buf);
+/* The whole file (at most max bytes) into *buf (ct_alloc'd, NUL-terminated after *len). */
+ct_status ct_file_read_all(const char *path, const char *what, size_t max, char **buf,
+                           size_t *len);
+/* Copy src_dir/name (a side file of a model directory: tokenizer_config.json, ...) into
+ * dst_dir/name, keeping its permission bits. Absent: CT_OK with *copied false. Refused
+ * (CT_EINVAL) when it is not a regular file or a link resolving outside src_dir (the Hugging
+ * Face hub cache's "snapshots/<rev>" -> "blobs/" links are inside); larger than max:
+ * CT_EFORMAT. The copy is a new file (O_EXCL|O_NOFOLLOW) renamed over dst_dir/name. */
+ct_status ct_file_copy_side(const char *src_dir, const char *name, size_t max,
+                            const char *dst_dir, bool *copied);
+
 #if defined(__aarch64__)
 /* svcntb() (src/core/cpu_sve.c, built with SVE enabled): call only when the CPU has SVE. */
 size_t ct_sve_cntb(void);

@@ -543,19 +543,11 @@ ct_status ct_load(const char *path, const ct_load_options *opts, ct_tensor_file 
     if (!out) return ct_error(CT_EINVAL, "ct_load: out must not be NULL");
     *out = NULL;
     if (!path) return ct_error(CT_EINVAL, "ct_load: path must not be NULL");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ct_error(CT_EIO, "ct_load: cannot open '%s': %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return ct_error(CT_EIO, "ct_load: cannot stat '%s': %s", path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return ct_error(CT_EINVAL, "ct_load: '%s' is not a regular file", path);
-    }
-    size_t size = (size_t)st.st_size;
+    /* a regular file (a FIFO or /dev/zero refused, never waited on); its own size the bound */
+    int fd;
+    size_t size;
+    ct_status os = ct_file_open_regular(path, "tensor file", SIZE_MAX, &fd, &size);
+    if (os) return ct_error_wrap(os, "ct_load");
     ct_load_options o = opts ? *opts : ct_load_options_default();
     char label[4096 + 2];
     snprintf(label, sizeof label, "'%s'", path);

@@ -27,40 +27,7 @@ ct_status hf_join(const char *dir, const char *name, char **path)
 
 ct_status hf_read_text(const char *path, size_t max, char **buf, size_t *len)
 {
-    *buf = NULL;
-    *len = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ct_error(CT_EIO, "cannot open '%s': %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return ct_error(CT_EIO, "'%s' is not a regular file", path);
-    }
-    if ((uint64_t)st.st_size > max) {
-        close(fd);
-        return ct_error(CT_EFORMAT, "'%s' is %lld bytes, more than the %zu allowed", path,
-                        (long long)st.st_size, max);
-    }
-    size_t n = (size_t)st.st_size, got = 0;
-    ct_status s = ct_alloc((void **)buf, n + 1);
-    while (s == CT_OK && got < n) {
-        ssize_t r = read(fd, *buf + got, n - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            s = ct_error(CT_EIO, "reading '%s': %s", path, r < 0 ? strerror(errno) : "file shrank");
-            break;
-        }
-        got += (size_t)r;
-    }
-    close(fd);
-    if (s) {
-        ct_free(*buf);
-        *buf = NULL;
-        return s;
-    }
-    (*buf)[n] = '\0';
-    *len = n;
-    return CT_OK;
+    return ct_file_read_all(path, "JSON file", max, buf, len);
 }
 
 ct_status hf_write_atomic(const char *path, const char *data, size_t len)

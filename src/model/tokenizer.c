@@ -846,42 +846,15 @@ ct_status ct_tokenizer_save(const ct_tokenizer *t, const char *path)
 
 ct_status ct_tok_read_file(const char *path, char **buf, size_t *len)
 {
-    *buf = NULL;
-    *len = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ct_error(CT_EIO, "tokenizer: cannot open '%s': %s", path, strerror(errno));
-    struct stat st;
-    ct_status s = CT_OK;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
-        s = ct_error(CT_EIO, "tokenizer: '%s' is not a regular file", path);
-    else if (st.st_size > CT_TOKENIZER_MAX_FILE_BYTES)
-        s = ct_error(CT_EFORMAT, "tokenizer: '%s' has %lld bytes, more than the %d MiB allowed",
-                     path, (long long)st.st_size, CT_TOKENIZER_MAX_FILE_BYTES >> 20);
-    else
-        s = ct_alloc((void **)buf, (size_t)st.st_size + 1);
-    size_t n = 0;
-    while (s == CT_OK && n < (size_t)st.st_size) {
-        ssize_t r = read(fd, *buf + n, (size_t)st.st_size - n);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) s = ct_error(CT_EIO, "tokenizer: read '%s': %s", path, strerror(errno));
-        if (r <= 0) break;
-        n += (size_t)r;
-    }
-    close(fd);
-    if (s != CT_OK) {
-        ct_free(*buf);
-        *buf = NULL;
-        return s;
-    }
-    (*buf)[n] = '\0';
-    *len = n;
-    return CT_OK;
+    return ct_file_read_all(path, "tokenizer file", CT_TOKENIZER_MAX_FILE_BYTES, buf, len);
 }
 
+/* Whether a name is present (a link too, even dangling): the reader then refuses what is not
+ * a regular file (a FIFO, /dev/zero) with a message instead of passing over it. */
 static bool is_file(const char *path)
 {
     struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+    return lstat(path, &st) == 0;
 }
 
 /* "DIR/name" into a new string. */

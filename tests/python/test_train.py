@@ -1,6 +1,7 @@
 """ctorch train / generate / tokenizer through the CLI: the loss and every parameter gradient
 against the same model in PyTorch (built from ctorch's weights), bit-exact resume, the same
 bits at 1 and 2 threads, text data with a BPE tokenizer, and errors on bad input."""
+import ctypes
 import json
 import os
 import subprocess
@@ -180,3 +181,175 @@ def test_help():
     for cmd in (["train"], ["generate"], ["tokenizer"], ["bench", "train"]):
         r = ctorch(*cmd, "--help")
         assert r.stdout.startswith("usage: ctorch"), cmd
+
+
+# ---- --dtype bf16 (mixed precision: bf16 GEMM operands, f32 everything else) ---------------------
+
+BF16_EPS = 2.0 ** -8  # bf16's relative spacing (8 significant bits): one rounding is within half of it
+
+
+def _r(x):
+    """x rounded to bf16 (PyTorch's round-to-nearest-even) and widened back to f32."""
+    return x.to(torch.bfloat16).to(torch.float32)
+
+
+class _Bf16Matmul(torch.autograd.Function):
+    """ctorch's --dtype bf16 policy for one linear layer, in PyTorch's ops: both operands rounded
+    to bf16, their products summed in f32 (a product of two bf16 values is exact in f32); in the
+    backward the output gradient is rounded too and both gradient GEMMs take bf16 operands."""
+
+    @staticmethod
+    def forward(ctx, a, w, round_grad):
+        ctx.save_for_backward(a, w)
+        ctx.round_grad = round_grad
+        return _r(a) @ _r(w)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, w = ctx.saved_tensors
+        if ctx.round_grad:
+            g = _r(g)
+        return (g @ _r(w).transpose(-1, -2),
+                _r(a).reshape(-1, a.shape[-1]).t() @ g.reshape(-1, g.shape[-1]), None)
+
+
+class _Bf16Policy(torch.overrides.TorchFunctionMode):
+    """Every `activation @ weight.t()` of torch_train.GPT (the right operand 2-D: the linear
+    layers and the head) through _Bf16Matmul; attention's batched matmuls stay f32. The fused
+    loss never forms the logits' gradient, so the head's is not rounded there (fused_vocab: the
+    vocabulary size of a fused head; None: the unfused head, whose dlogits are rounded)."""
+
+    def __init__(self, fused_vocab=None):
+        super().__init__()
+        self.fused_vocab = fused_vocab
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") in ("__matmul__", "matmul") and len(args) == 2 and args[1].dim() == 2:
+            head = self.fused_vocab is not None and args[1].shape[1] == self.fused_vocab
+            return _Bf16Matmul.apply(args[0], args[1], not head)
+        return func(*args, **kwargs)
+
+
+def _grads(model, tokens, tr, ctx=None):
+    for p in model.parameters():
+        p.grad = None
+    if ctx is None:
+        loss = model(tokens, tr["eos_token"], tr["z_loss"], tr["label_smoothing"])
+    else:
+        with ctx:
+            loss = model(tokens, tr["eos_token"], tr["z_loss"], tr["label_smoothing"])
+    loss.float().backward()
+    return loss.item(), {k: p.grad.clone().numpy() for k, p in model.named().items()}
+
+
+def _rel(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+@pytest.mark.parametrize("extra", [
+    ["--window", 6, "--z-loss", 1e-3],                                        # fused head, flex, tied
+    ["--untied", "--unfused-head", "--dense-attention", "--no-doc-mask"],     # the baselines
+])
+def test_bf16_loss_and_gradients_match_pytorch(tmp_path, extra):
+    """The first micro-batch's loss and every gradient of `--dtype bf16` against PyTorch 2.13 on
+    the same weights: (1) the policy in PyTorch's ops (_Bf16Policy: operands rounded as ctorch
+    rounds them) within f32 summation-order noise, and (2) torch.autocast("cpu", bfloat16), which
+    also rounds each linear's output and attention's operands to bf16, within the distance bf16
+    rounding puts between autocast and f32."""
+    dump = tmp_path / "bf16.safetensors"
+    ctorch("train", *TINY, *extra, "--dtype", "bf16", "--out", tmp_path, "--dump-grads", dump)
+    model, tokens, tr, meta = torch_train.load(str(dump))
+    assert tr["dtype"] == "bf16"
+    tensors, _ = torch_train.read_safetensors(str(dump))
+    ours = {k[5:]: v for k, v in tensors.items() if k.startswith("grad.")}
+    loss = float(meta["loss"])
+    f32_loss, f32 = _grads(model, tokens, tr)
+    fused = tr["fused_head"]
+    pol_loss, pol = _grads(model, tokens, tr, _Bf16Policy(model.cfg["vocab_size"] if fused else None))
+    auto_loss, auto = _grads(model, tokens, tr, torch.autocast("cpu", dtype=torch.bfloat16))
+    assert ours.keys() == f32.keys()
+    # (1) the same roundings as ctorch's. What is left starts as f32 summation order (1e-7), but
+    # rounding is discontinuous: an operand that lands on the other side of a bf16 boundary
+    # moves what follows by 2^-9, and later roundings cascade from it (measured: ours is
+    # 0.04-0.14 of the policy's distance from f32, loss within 5e-6). A different policy (an
+    # operand left f32, an output rounded) is as far as the policy is from f32.
+    assert abs(loss - pol_loss) <= 2e-5 * abs(pol_loss)
+    for k in f32:
+        assert _rel(ours[k], pol[k]) <= 0.3 * _rel(pol[k], f32[k]), \
+            f"{k}: {_rel(ours[k], pol[k]):.2e} from the bf16 policy, which is {_rel(pol[k], f32[k]):.2e} from f32"
+    # bf16 is in effect: ours is as far from f32 as the policy is, not at f32's noise
+    assert abs(loss - f32_loss) > 1e-6 * f32_loss or any(_rel(ours[k], f32[k]) > 1e-3 for k in f32)
+    # (2) autocast: each of ours and autocast's is a bf16 perturbation of the f32 result; ours
+    # rounds less (f32 GEMM outputs and attention), so ours is within autocast's distance from
+    # f32 (x 1.5 for the sampling of roundings), and the two within the sum of both distances
+    assert abs(loss - auto_loss) <= 2 * BF16_EPS * abs(auto_loss)
+    for k in f32:
+        d_auto = _rel(auto[k], f32[k])
+        assert _rel(ours[k], f32[k]) <= 1.5 * d_auto + 1e-4, k
+        assert _rel(ours[k], auto[k]) <= 2.5 * d_auto + 1e-4, k
+
+
+def _bf16_run(tmp_path, name, *args):
+    ctorch("train", *TINY, "--steps", 6, "--eval-every", 3, "--quiet", "--dtype", "bf16",
+           "--out", tmp_path / name, *args)
+    return losses(tmp_path / name / "metrics.jsonl"), params(tmp_path / name / "checkpoint.safetensors")
+
+
+def test_bf16_same_bits_threads_runs_checkpoint_f32_resume(tmp_path):
+    l1, p1 = _bf16_run(tmp_path, "t1", "--threads", 1)
+    l2, p2 = _bf16_run(tmp_path, "t2", "--threads", 2)
+    l3, p3 = _bf16_run(tmp_path, "t2b", "--threads", 2)
+    assert len(l1) == 8 and l1 == l2 == l3  # 6 steps + 2 evaluations, bit for bit
+    for k in p1:
+        assert p1[k].dtype == np.float32, k  # weights and AdamW moments stay f32 in the checkpoint
+        assert np.array_equal(p1[k], p2[k]) and np.array_equal(p1[k], p3[k]), k
+    meta = torch_train.read_safetensors(str(tmp_path / "t1" / "checkpoint.safetensors"))[1]
+    assert json.loads(meta["train"])["dtype"] == "bf16"
+    # resume keeps the checkpoint's dtype: stopped at 3 and resumed, the same bits as straight
+    # through (an f32 continuation would differ)
+    ctorch("train", *TINY, "--steps", 6, "--eval-every", 3, "--quiet", "--dtype", "bf16",
+           "--out", tmp_path / "r", "--stop-at", 3)
+    ctorch("train", "--resume", "--out", tmp_path / "r", "--quiet", "--eval-every", 3)
+    assert losses(tmp_path / "r" / "metrics.jsonl") == l1
+    lf, _ = _bf16_run(tmp_path, "f32", "--dtype", "f32")  # the last --dtype wins: an f32 run
+    assert lf != l1
+    # --dtype is a training setting: --resume takes it from the checkpoint and refuses the flag
+    r = ctorch("train", "--resume", "--out", tmp_path / "r", "--dtype", "f32", ok=False)
+    assert r.returncode == 2 and "--dtype" in r.stderr
+
+
+def test_bf16_bad_dtype_and_cpu_note(tmp_path):
+    for bad in ("f16", "bfloat16x", ""):
+        r = ctorch("train", *TINY, "--dtype", bad, "--out", tmp_path, ok=False)
+        assert r.returncode == 2 and "--dtype must be f32 or bf16" in r.stderr, r.stderr
+    r = ctorch("train", *TINY, "--dtype", "bf16", "--fsdp", "--nproc", 2, "--out", tmp_path, ok=False)
+    assert r.returncode == 2 and "--dtype bf16" in r.stderr
+    from ctorch._lib import lib
+    lib.ct_cpu_has_bf16.restype = ctypes.c_bool
+    r = ctorch("train", *TINY, "--steps", 2, "--quiet", "--dtype", "bf16", "--out", tmp_path / "n")
+    note = r.stderr.count("no bf16 dot-product instructions")
+    assert note == (0 if lib.ct_cpu_has_bf16() else 1), r.stderr  # said once, even with --quiet
+    assert "bf16" not in ctorch("train", *TINY, "--steps", 2, "--quiet", "--out", tmp_path / "f").stderr
+
+
+def test_bf16_loss_curve_within_noise_of_f32(tmp_path):
+    """40 steps of the built-in corpus: bf16 beside f32 with the same seed (same data, same
+    initial weights) against the noise of the run itself, f32 with another seed. Per step the
+    bf16 curve must stay closer to its f32 twin than two f32 seeds are to each other, and the
+    final held-out loss within that seed-to-seed spread (at least 1% of the loss)."""
+    run = [*TINY, "--d-model", 48, "--heads", 4, "--ffn", 96, "--steps", 40, "--eval-every", 40,
+           "--quiet", "--window", 8]
+    curves = {}
+    for name, extra in (("f32", []), ("bf16", ["--dtype", "bf16"]), ("f32s2", ["--seed", 2])):
+        ctorch("train", *run, *extra, "--out", tmp_path / name)
+        curves[name] = {k: float(v) for k, v in losses(tmp_path / name / "metrics.jsonl").items()}
+    steps = [k for k in curves["f32"] if isinstance(k, int)]
+    assert len(steps) == 40
+    f, b, s = (np.array([curves[n][k] for k in steps]) for n in ("f32", "bf16", "f32s2"))
+    assert f[-5:].mean() < f[:5].mean() - 0.5  # it learns: the comparison is about a real curve
+    noise = np.abs(f - s).mean()
+    assert np.abs(b - f).mean() < 0.5 * noise, (np.abs(b - f).mean(), noise)
+    ev = {n: curves[n][("eval", 40)] for n in curves}
+    spread = max(abs(ev["f32"] - ev["f32s2"]), 0.01 * ev["f32"])
+    assert abs(ev["bf16"] - ev["f32"]) <= spread, (ev, spread)
