@@ -125,9 +125,13 @@ CT_API ct_status ct_abi_struct_field(const char *name, int i, const char **field
 /** Body of a parallel loop: handles indices [begin, end) as worker `tid`. */
 typedef void (*ct_parallel_fn)(void *ctx, int64_t begin, int64_t end, int tid);
 
-/** Run fn over [0, n) split into ct_num_threads() contiguous, equal chunks (static and
- *  deterministic: chunk t is [n*t/T, n*(t+1)/T)). Blocks until all chunks are done.
- *  Nested calls from inside a body run serially on the calling thread. */
+/** Run fn over [0, n) split into contiguous chunks (about 4 per thread, sized from n and
+ *  ct_num_threads()) that the caller and the pool's workers claim as they go; returns when
+ *  every chunk is done. Each index is in exactly one chunk; tid is < ct_num_threads() and
+ *  no two chunks running at once share it (per-tid scratch is safe), but which thread runs
+ *  which chunk is not fixed: make every output depend on its inputs alone. Several threads
+ *  may run regions at once (none waits for another's region); nested calls from inside a
+ *  body run serially on the calling thread. */
 CT_API void ct_parallel_for(int64_t n, ct_parallel_fn fn, void *ctx);
 
 /** Worker count used by ct_parallel_for. Defaults to CT_NUM_THREADS from the environment,

@@ -79,4 +79,23 @@ size_t ct_sve_cntb(void);
 #define CT_KERNELS(tab) ((tab)[ct_active_isa()])
 
 
+/* ---- thread pool (src/core/threads.c) ----
+ * ct_parallel_for_grain: ct_parallel_for with chunks of at least `grain` indices (a cost
+ * hint: indices per chunk below which the pool's overhead would dominate; n <= grain runs
+ * serially on the caller). Chunks are contiguous, sized from n and the thread count, and
+ * claimed dynamically; tid < ct_num_threads() and no two chunks running at once share a
+ * tid. Kernels must make every output depend on its inputs alone (never on the chunking
+ * or on tid). Regions from several threads run at once; nested regions run serially. */
+void ct_parallel_for_grain(int64_t n, int64_t grain, ct_parallel_fn fn, void *ctx);
+
+/* Row-broadcast bias and its gradient, parallel and deterministic (src/ops/bias.c):
+ * x[n, :] += b for N rows of C; db[j] += sum over the rows of d[n, j], each column summed
+ * by one thread in row order (the bits of the serial loop, for any thread count). */
+void ct_bias_add_rows(float *x, const float *b, int64_t N, int64_t C);
+void ct_bias_grad_rows(float *db, const float *d, int64_t N, int64_t C);
+/* x[n, :] = b for N rows of C (the bias as the starting value of a GEMM's output). */
+void ct_bias_fill_rows(float *x, const float *b, int64_t N, int64_t C);
+/* Zero n floats in parallel (large gradient buffers). */
+void ct_zero_floats(float *x, int64_t n);
+
 #endif

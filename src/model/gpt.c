@@ -434,7 +434,7 @@ ct_status ct_gpt_tensor(ct_gpt *m, int i, const char **name, ct_tensor *param, c
 
 void ct_gpt_zero_grad(ct_gpt *m)
 {
-    if (m->grads) memset(m->grads, 0, (size_t)m->nparams * sizeof(float));
+    if (m->grads) ct_zero_floats(m->grads, m->nparams); /* parallel: the step's first pass */
 }
 
 /* Tensor i's initial values from r (advanced over the whole tensor, in order); rows
@@ -641,17 +641,13 @@ static ct_status gpt_rope(const ct_gpt *m, float *x, int64_t B, int64_t T, int64
 /* x[n, :] += b for each of N rows of C. */
 static void add_rows(float *x, const float *b, int64_t N, int64_t C)
 {
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t j = 0; j < C; j++)
-            x[n * C + j] += b[j];
+    ct_bias_add_rows(x, b, N, C); /* parallel over rows */
 }
 
 /* db[j] += sum over the N rows of d[n, j], rows in order (deterministic). */
 static void sum_rows(float *db, const float *d, int64_t N, int64_t C)
 {
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t j = 0; j < C; j++)
-            db[j] += d[n * C + j];
+    ct_bias_grad_rows(db, d, N, C); /* threads own columns: the serial loop's bits */
 }
 
 ct_status gpt_load_batch(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T, const char *fn)

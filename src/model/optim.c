@@ -71,7 +71,7 @@ ct_status ct_adamw_step(float *param, const float *grad, float *m, float *v, int
                    (float)(opt->lr / bc1),
                    (float)sqrt(bc2),
                    opt->eps};
-    ct_parallel_for(n, adamw_range, &j);
+    ct_parallel_for_grain(n, 4096, adamw_range, &j);
     return CT_OK;
 }
 
@@ -134,7 +134,7 @@ ct_status ct_clip_grad_norm(float *g, int64_t n, float max_norm, double *norm)
     if (norm) *norm = N;
     if (max_norm > 0 && N > max_norm) {
         scale_job j = {g, (float)(max_norm / (N + 1e-6))};
-        ct_parallel_for(n, scale_range, &j);
+        ct_parallel_for_grain(n, 8192, scale_range, &j);
     }
     return CT_OK;
 }

@@ -1,7 +1,10 @@
-/* Embedding lookup and its gradient. The backward gives each thread a block of dtable
- * COLUMNS: every thread walks all tokens in order and adds the columns it owns, so each
- * dtable element is summed in token order by one owner, without atomics or scratch, and
- * the work is balanced however skewed the ids are. */
+/* Embedding lookup and its gradient. The backward gives each task a block of dtable
+ * COLUMNS (and, when there are fewer column blocks than threads, a range of vocabulary
+ * rows): every task walks all tokens in order and adds the columns it owns for the ids in
+ * its range, so each dtable element is summed in token order by one owner, without atomics
+ * or scratch, and the same bits come out for any thread count. Column blocks alone keep the
+ * work balanced however skewed the ids are; the vocabulary split (only for narrow tables
+ * on many threads) relies on the pool's dynamic chunks for balance. */
 #include "core/internal.h"
 #include "ctorch/ops.h"
 
@@ -48,6 +51,7 @@ typedef struct {
     const float *dout;
     ct_dtype dt;
     int64_t N, D, pad;
+    int64_t V, nb, parts; /* backward: vocabulary size, column blocks, vocabulary parts */
 } emb_ctx;
 
 static void emb_fwd_f32(void *p, int64_t n0, int64_t n1, int tid)
@@ -72,7 +76,7 @@ ct_status ct_embedding_forward(float *out, const void *ids, ct_dtype ids_dtype, 
                                int64_t N, int64_t V, int64_t D)
 {
     CT_TRY(emb_check("ct_embedding_forward", out, "out", ids, ids_dtype, table, "table", N, V, D));
-    emb_ctx c = {out, ids, table, NULL, ids_dtype, N, D, -1};
+    emb_ctx c = {out, ids, table, NULL, ids_dtype, N, D, -1, 0, 0, 0};
     ct_parallel_for(D ? N : 0, emb_fwd_f32, &c);
     return CT_OK;
 }
@@ -82,25 +86,31 @@ ct_status ct_embedding_forward_bf16(float *out, const void *ids, ct_dtype ids_dt
 {
     CT_TRY(emb_check("ct_embedding_forward_bf16", out, "out", ids, ids_dtype, table, "table", N, V,
                      D));
-    emb_ctx c = {out, ids, table, NULL, ids_dtype, N, D, -1};
+    emb_ctx c = {out, ids, table, NULL, ids_dtype, N, D, -1, 0, 0, 0};
     ct_parallel_for(D ? N : 0, emb_fwd_bf16, &c);
     return CT_OK;
 }
 
-/* Column blocks [b0, b1) of dtable: all tokens, in order. */
-static void emb_bwd_cols(void *p, int64_t b0, int64_t b1, int tid)
+/* Tasks [t0, t1) of the backward: task t owns column block t % nb of the vocabulary rows
+ * in part t / nb, and adds all of its tokens in order. */
+static void emb_bwd_cols(void *p, int64_t t0, int64_t t1, int tid)
 {
+    (void)tid;
     emb_ctx *c = p;
-    int64_t c0 = b0 * EMB_COL_BLOCK, c1 = b1 * EMB_COL_BLOCK;
-    if (c1 > c->D) c1 = c->D;
-    const int64_t w = c1 - c0;
-    for (int64_t n = 0; n < c->N; n++) {
-        int64_t id = load_id(c->ids, c->dt, n);
-        if (id == c->pad) continue;
-        float *restrict dst = c->out + id * c->D + c0;
-        const float *restrict src = c->dout + n * c->D + c0;
-        for (int64_t j = 0; j < w; j++)
-            dst[j] += src[j];
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t b = t % c->nb, part = t / c->nb;
+        int64_t v0 = c->V * part / c->parts, v1 = c->V * (part + 1) / c->parts;
+        int64_t c0 = b * EMB_COL_BLOCK, c1 = c0 + EMB_COL_BLOCK;
+        if (c1 > c->D) c1 = c->D;
+        const int64_t w = c1 - c0;
+        for (int64_t n = 0; n < c->N; n++) {
+            int64_t id = load_id(c->ids, c->dt, n);
+            if (id == c->pad || id < v0 || id >= v1) continue;
+            float *restrict dst = c->out + id * c->D + c0;
+            const float *restrict src = c->dout + n * c->D + c0;
+            for (int64_t j = 0; j < w; j++)
+                dst[j] += src[j];
+        }
     }
 }
 
@@ -114,7 +124,17 @@ ct_status ct_embedding_backward(float *dtable, const float *dout, const void *id
         return ct_error(CT_EINVAL,
                         "%s: padding_idx = %lld must be < V = %lld (or negative for none)", fn,
                         (long long)padding_idx, (long long)V);
-    emb_ctx c = {dtable, ids, NULL, dout, ids_dtype, N, D, padding_idx < 0 ? -1 : padding_idx};
-    ct_parallel_for(N ? (D + EMB_COL_BLOCK - 1) / EMB_COL_BLOCK : 0, emb_bwd_cols, &c);
+    if (!N || !D) return CT_OK;
+    int64_t nb = (D + EMB_COL_BLOCK - 1) / EMB_COL_BLOCK, T = ct_num_threads();
+    /* Split the vocabulary too when the column blocks alone leave threads idle (narrow
+     * tables); never so finely that a task's share of the tokens is tiny. */
+    int64_t parts = nb >= 2 * T ? 1 : (2 * T + nb - 1) / nb;
+    if (parts > V) parts = V;
+    if (parts > N / 64 + 1) parts = N / 64 + 1;
+    emb_ctx c = {dtable, ids, NULL, dout, ids_dtype, N, D, padding_idx < 0 ? -1 : padding_idx,
+                 V, nb, parts};
+    /* A task adds about N / parts rows of 16 floats: a grain of about 16 K floats. */
+    int64_t per = N / parts * EMB_COL_BLOCK, grain = per >= 16384 ? 1 : 16384 / (per + 1) + 1;
+    ct_parallel_for_grain(nb * parts, grain, emb_bwd_cols, &c);
     return CT_OK;
 }

@@ -533,8 +533,7 @@ ct_status ct_linear_forward(float *out, const float *inp, const float *weight, c
                             int64_t N, int64_t D, int64_t V)
 {
     CT_TRY(gemm_check("ct_linear_forward", N, V, D, inp, weight, out));
-    if (bias)
-        for (int64_t n = 0; n < N; n++) memcpy(out + n * V, bias, (size_t)V * sizeof(float));
+    if (bias) ct_bias_fill_rows(out, bias, N, V);
     return ct_gemm_f32(false, true, N, V, D, 1.0f, inp, D, weight, D, bias ? 1.0f : 0.0f, out, V);
 }
 
@@ -544,8 +543,6 @@ ct_status ct_linear_backward(float *dinp, float *dweight, float *dbias, const fl
     CT_TRY(gemm_check("ct_linear_backward", N, V, D, inp, weight, dout));
     if (dinp) CT_TRY(ct_gemm_f32(false, false, N, D, V, 1.0f, dout, V, weight, D, 0.0f, dinp, D));
     if (dweight) CT_TRY(ct_gemm_f32(true, false, V, D, N, 1.0f, dout, V, inp, D, 1.0f, dweight, D));
-    if (dbias)
-        for (int64_t n = 0; n < N; n++) /* fixed row order: deterministic */
-            for (int64_t v = 0; v < V; v++) dbias[v] += dout[n * V + v];
+    if (dbias) ct_bias_grad_rows(dbias, dout, N, V); /* threads own columns, rows in order */
     return CT_OK;
 }

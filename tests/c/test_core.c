@@ -112,12 +112,17 @@ static void test_threads(void)
         memset(calls, 0, sizeof calls);
         pf_ctx c = {owner, calls};
         ct_parallel_for(1000, pf_body, &c);
-        int ok = 1;
-        for (int t = 0; t < T; t++) /* static partition: chunk t = [n t/T, n (t+1)/T) */
-            for (int64_t i = 1000 * t / T; i < 1000 * (t + 1) / T; i++)
-                if (owner[i] != t + 1) ok = 0;
+        int ok = 1; /* each index once, by a chunk whose tid is < T (tests/c/test_threads.c
+                     * checks the pool in depth) */
+        for (int64_t i = 0; i < 1000; i++)
+            if (owner[i] < 1 || owner[i] > T) ok = 0;
         CHECK(ok);
-        for (int t = 0; t < T; t++) CHECK(calls[t] == 1);
+        int total = 0;
+        for (int t = 0; t < 256; t++) {
+            if (t >= T) CHECK(calls[t] == 0);
+            total += calls[t];
+        }
+        CHECK(total >= 1 && total <= 1000);
         /* nested calls run serially, no deadlock */
         memset(owner, 0, sizeof owner);
         ct_parallel_for(10, nested_body, &c);
