@@ -677,9 +677,11 @@ CT_API ct_status ct_lora_base(ct_lora *l, const char *name, ct_tensor *base);
 CT_API ct_status ct_lora_save(const ct_lora *l, const char *dir, const char *base_model);
 
 /** Fold a PEFT adapter directory into the model's weights: W += s B A for every adapter in it
- *  (f32, f16 or bf16 tensors). adapter_config.json keys it does not implement (use_dora,
- *  rank_pattern, a regex target_modules, ...) and tensors that are not adapters of this
- *  model's layers are refused by name. *n_merged (may be NULL) receives the adapter count. */
+ *  (f32, f16, bf16 or f64 tensors). adapter_config.json keys it does not implement (use_dora,
+ *  rank_pattern, a regex target_modules, ...), tensors that are not adapters of this model's
+ *  layers, integer adapters and adapters holding NaN or an infinity are refused by name, all
+ *  before anything is merged (on an error the weights are as they were). *n_merged (may be
+ *  NULL) receives the adapter count. */
 CT_API ct_status ct_lora_merge(ct_gpt *m, const char *dir, int *n_merged);
 
 /** Train only LoRA adapters from now on: the trainer's model weights (already loaded) become
