@@ -353,3 +353,30 @@ def test_bf16_loss_curve_within_noise_of_f32(tmp_path):
     ev = {n: curves[n][("eval", 40)] for n in curves}
     spread = max(abs(ev["f32"] - ev["f32s2"]), 0.01 * ev["f32"])
     assert abs(ev["bf16"] - ev["f32"]) <= spread, (ev, spread)
+
+
+def test_bf16_python_binding():
+    """ctorch.models.Model(dtype=torch.bfloat16): the loss and gradients of the bf16 policy
+    (_Bf16Policy over torch_train.GPT on the same weights, dense causal attention), logits near
+    f32's and not equal to them, weights set between calls seen, and a bad dtype refused."""
+    from ctorch import models
+    cfg = {"vocab_size": 64, "context": 16, "n_layer": 2, "d_model": 32, "n_head": 4, "n_kv_head": 2,
+           "d_ff": 48, "init_std": 0.2}
+    m32, m16 = models.Model(cfg, seed=5), models.Model(cfg, seed=5, dtype=torch.bfloat16)
+    tokens = torch.randint(0, 64, (2, 13), generator=torch.Generator().manual_seed(0))
+    l32, l16 = m32(tokens[:, :-1]), m16(tokens[:, :-1])
+    assert not torch.equal(l32, l16) and (l32 - l16).abs().max() < 0.05 * l32.abs().max()
+    w = m16.state_dict()
+    w["norm.weight"] = w["norm.weight"] * 2
+    m16.set_weights(w)
+    assert not torch.equal(m16(tokens[:, :-1]), l16)  # the bf16 copy follows the f32 weights
+    loss, grads = m16.loss_and_grads(tokens)
+    ref = torch_train.GPT(dict(m16.config), {k: v.numpy() for k, v in w.items()})
+    tr = {"eos_token": -1, "z_loss": 0.0, "label_smoothing": 0.0}
+    f32_loss, f32 = _grads(ref, tokens, tr)
+    pol_loss, pol = _grads(ref, tokens, tr, _Bf16Policy(64))
+    assert abs(loss - pol_loss) <= 2e-5 * pol_loss and abs(loss - f32_loss) > 1e-6 * f32_loss
+    for k in pol:
+        assert _rel(grads[k].numpy(), pol[k]) <= 0.3 * _rel(pol[k], f32[k]), k
+    with pytest.raises(ValueError, match="dtype"):
+        models.Model(cfg, dtype=torch.float16)
