@@ -678,6 +678,7 @@ int bench_scaling(bench_ctx *b, int argc, char **argv)
         if ((extra = json_object_get(tc, "variants"))) json_object_set(o, "torch_variants", extra);
         if ((extra = json_object_get(tc, "first_call_s"))) json_object_set(o, "torch_first_call_s", extra);
         if ((extra = json_object_get(tc, "threads"))) json_object_set(o, "torch_threads", extra);
+        if ((extra = json_object_get(tc, "repeats"))) json_object_set(o, "torch_repeats", extra);
         json_object_set_new(jc, cases[ci].name, o);
         if (b->json) continue;
         for (int t = 0; t < nt; t++) {
