@@ -135,7 +135,8 @@ typedef void (*ct_parallel_fn)(void *ctx, int64_t begin, int64_t end, int tid);
 CT_API void ct_parallel_for(int64_t n, ct_parallel_fn fn, void *ctx);
 
 /** Worker count used by ct_parallel_for. Defaults to CT_NUM_THREADS from the environment,
- *  else the number of online CPUs. OpenBLAS itself is kept single-threaded: ctorch's pool
+ *  else the number of online CPUs divided by the ranks on this host when a launcher says
+ *  (LOCAL_WORLD_SIZE, MPI_LOCALNRANKS or OMPI_COMM_WORLD_LOCAL_SIZE; at least 1). OpenBLAS itself is kept single-threaded: ctorch's pool
  *  splits each GEMM into blocks (so results do not depend on the count and nothing
  *  oversubscribes). */
 CT_API int ct_num_threads(void);

@@ -174,6 +174,19 @@ static int default_threads(void)
     }
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     if (n < 1) n = 1;
+    /* Several ranks on this host (ctorch launch / torchrun's LOCAL_WORLD_SIZE, MPICH's
+     * MPI_LOCALNRANKS, Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE): share the cores. */
+    static const char *const local_size[] = {"LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS",
+                                             "OMPI_COMM_WORLD_LOCAL_SIZE"};
+    for (size_t i = 0; i < sizeof local_size / sizeof *local_size; i++) {
+        const char *v = getenv(local_size[i]);
+        char *end;
+        long r = v && *v ? strtol(v, &end, 10) : 0;
+        if (r >= 1 && r <= 1 << 20 && *end == '\0') {
+            n = n / r < 1 ? 1 : n / r;
+            break;
+        }
+    }
     if (n > CT_MAX_THREADS) n = CT_MAX_THREADS;
     return (int)n;
 }
