@@ -137,8 +137,23 @@ static void tensor_set_free(tensor_set *t)
     memset(t, 0, sizeof *t);
 }
 
+/* Most bytes convert writes out for broadcast (stride-0 or overlapping) views of a .pt file:
+ * such a view reaches fewer bytes of its storage than it has elements, so a tiny file could
+ * ask for any amount of output (a 655-byte file with a stride-0 [2^20, 2^20] view asked for
+ * 4 TiB). Other tensors are bounded by the input file's size. */
+#define CONVERT_BROADCAST_MAX ((uint64_t)1 << 30)
+
+static void shape_str(char *buf, size_t cap, const ct_tensor_info *inf)
+{
+    size_t n = (size_t)snprintf(buf, cap, "[");
+    for (int d = 0; d < inf->ndim && d < 8 && n < cap; d++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", d ? ", " : "", (long long)inf->shape[d]);
+    if (n < cap) snprintf(buf + n, cap - n, "%s]", inf->ndim > 8 ? ", ..." : "");
+}
+
 static int tensor_set_make(const convert_args *a, const ct_tensor_file *f, tensor_set *t)
 {
+    uint64_t broadcast = 0; /* bytes the broadcast views so far write out */
     memset(t, 0, sizeof *t);
     t->n = ct_tensor_file_count(f);
     t->m = ct_tensor_file_metadata_count(f);
@@ -156,6 +171,22 @@ static int tensor_set_make(const convert_args *a, const ct_tensor_file *f, tenso
         ct_status s = ct_tensor_file_info(f, i, &inf);
         if (s != CT_OK) return cli_fail("convert", s);
         t->e[i].name = inf.name;
+        uint64_t reach = inf.data_end - inf.data_begin; /* storage bytes the view can read */
+        if (inf.nbytes > reach) {
+            broadcast += inf.nbytes;
+            if (broadcast > CONVERT_BROADCAST_MAX || broadcast < inf.nbytes) {
+                char sh[192];
+                shape_str(sh, sizeof sh, &inf);
+                fprintf(stderr,
+                        "ctorch convert: tensor '%s' %s is a broadcast (stride-0 or overlapping) "
+                        "view of %llu storage bytes that would write %llu bytes; broadcast views "
+                        "are written out up to %llu bytes in all (the output size limit): "
+                        "save it contiguous (.contiguous() or .clone()) if it is meant\n",
+                        inf.name, sh, (unsigned long long)reach, (unsigned long long)inf.nbytes,
+                        (unsigned long long)CONVERT_BROADCAST_MAX);
+                return 1;
+            }
+        }
         if (inf.has_dtype && inf.ndim <= CT_MAX_DIMS) {
             if ((s = ct_tensor_file_view(f, i, &t->views[i])) != CT_OK)
                 return cli_fail("convert", s);

@@ -76,6 +76,15 @@ int cli_pt_model_config(const char *path, const ct_tensor_file *f, ct_gpt_config
     bool hf;
     ct_status s = parse_config(text, beside ? beside : path, cfg, info, &hf);
     if (!s && !hf) s = ct_gpt_config_check(cfg);
+    /* every tensor's name, shape and dtype against the configuration before the model (its
+     * size from the configuration alone) is allocated */
+    if (!s && (s = ct_gpt_state_dict_check(f, cfg))) {
+        fprintf(stderr, "ctorch: '%s' does not fit its configuration (%s): %s\n", path,
+                beside ? beside : "its \"config\" entry", ct_last_error());
+        free(text);
+        free(beside);
+        return 1;
+    }
     int rc = 0;
     if (s) {
         fprintf(stderr, "ctorch: the configuration of '%s' (%s): %s: %s\n", path,

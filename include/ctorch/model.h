@@ -587,9 +587,16 @@ CT_API ct_status ct_hf_save(ct_gpt *m, const ct_hf_model *like, const char *dir,
  *  looked at; under it, any tensor that is not the model's is refused by name, except
  *  Hugging Face's derived self_attn.rotary_emb.inv_freq buffers, a tied model's lm_head.weight
  *  equal to the embedding, and a ctorch checkpoint's optimizer.* / grad.* entries. CT_EFORMAT
- *  names a missing tensor, a shape that does not match or a foreign tensor; the model's
- *  weights may then be partly written. */
+ *  names a missing tensor, a shape or dtype that does not match or a foreign tensor, checked
+ *  (ct_gpt_state_dict_check) before any weight is written; only a tied lm_head that differs
+ *  from the embedding is found after the weights are read. */
 CT_API ct_status ct_gpt_load_state_dict(ct_gpt *m, const ct_tensor_file *f);
+
+/** What ct_gpt_load_state_dict checks before reading, against a configuration alone, before
+ *  anything the model's size is allocated: every tensor of cfg present under the prefix with
+ *  its shape and a floating-point dtype, no foreign tensor under the prefix. CT_EFORMAT names
+ *  the tensor, its shape and the configuration's. */
+CT_API ct_status ct_gpt_state_dict_check(const ct_tensor_file *f, const ct_gpt_config *cfg);
 
 /* ---- LoRA adapters ---------------------------------------------------------------------------- */
 /*

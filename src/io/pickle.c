@@ -193,6 +193,7 @@ struct pk_machine {
     size_t nmarks, cap_marks;
     memo_slot *memo;
     size_t memo_used, memo_cap;
+    uint64_t memo_seed; /* memo_hash's, set when the table is first allocated */
     /* the opcode being run, for messages */
     size_t pos;
     uint8_t op;
@@ -549,10 +550,25 @@ static ct_status make_seq(pk_machine *m, pk_kind kind, pk_obj **items, size_t n,
     return CT_OK;
 }
 
+/* The memo's slot for a key: the key (the pickle's choice, 32 bits) mixed with a seed taken
+ * from the table's first address, so no set of keys is known ahead of time to share a slot (a
+ * bare multiply kept the low bits, and keys equal modulo the table's size made every lookup
+ * linear: a quadratic load). */
+static size_t memo_hash(const pk_machine *m, uint32_t key)
+{
+    uint64_t h = (uint64_t)key ^ m->memo_seed;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 33;
+    return (size_t)h;
+}
+
 static memo_slot *memo_find(pk_machine *m, uint32_t key)
 {
     if (!m->memo_cap) return NULL;
-    size_t mask = m->memo_cap - 1, h = (key * 2654435761u) & mask;
+    size_t mask = m->memo_cap - 1, h = memo_hash(m, key) & mask;
     while (m->memo[h].used) {
         if (m->memo[h].key == key) return &m->memo[h];
         h = (h + 1) & mask;
@@ -572,18 +588,19 @@ static ct_status memo_put(pk_machine *m, uint32_t key, pk_obj *o)
         memo_slot *old = m->memo, *nm;
         size_t oc = m->memo_cap;
         CT_TRY(ct_calloc((void **)&nm, nc * sizeof *nm));
+        if (!oc) m->memo_seed = (uint64_t)(uintptr_t)nm * 0x9e3779b97f4a7c15ull;
         m->memo = nm;
         m->memo_cap = nc;
         for (size_t i = 0; i < oc; i++)
             if (old[i].used) {
-                size_t h = (old[i].key * 2654435761u) & (nc - 1);
+                size_t h = memo_hash(m, old[i].key) & (nc - 1);
                 while (nm[h].used)
                     h = (h + 1) & (nc - 1);
                 nm[h] = old[i];
             }
         ct_free(old);
     }
-    size_t mask = m->memo_cap - 1, h = (key * 2654435761u) & mask;
+    size_t mask = m->memo_cap - 1, h = memo_hash(m, key) & mask;
     while (m->memo[h].used)
         h = (h + 1) & mask;
     m->memo[h] = (memo_slot){key, true, o};

@@ -4,6 +4,7 @@
  * (byte-swapped copies for big-endian archives), nested containers flatten to dotted names,
  * non-tensor values become metadata as JSON. */
 #include "core/internal.h"
+#include "core/strmap.h"
 #include "io/io_internal.h"
 
 #include <math.h>
@@ -40,6 +41,7 @@ typedef struct st_rec {
     const uint8_t *data;
     uint64_t file_offset;
     bool has_data;
+    size_t views, next_view; /* index + 1 of a root's first legacy view / of the next one */
 } st_rec;
 
 typedef struct pt_ctx {
@@ -52,6 +54,8 @@ typedef struct pt_ctx {
     pk_machine *m;
     st_rec *st;
     size_t nst, cap_st;
+    ct_strmap roots;   /* root storage key -> index into st (open is linear in storages) */
+    ct_strmap members; /* zip member name -> index into zip.members */
     /* flattening */
     st_entry *ent;
     size_t nent, cap_ent;
@@ -97,19 +101,19 @@ static const char *str_of(const pk_obj *o)
 static ct_status add_storage(pt_ctx *c, const char *key, size_t type, uint64_t numel, size_t *idx)
 {
     char q[96];
-    for (size_t i = 0; i < c->nst; i++)
-        if (c->st[i].root == i && !strcmp(c->st[i].key, key)) {
-            if (c->st[i].type != type || c->st[i].numel != numel)
-                return ptfail(CT_EFORMAT, c->label, "storage",
-                              "storage '%s' is referred to as %s of %llu elements and as %s of "
-                              "%llu",
-                              ct_io_quote(q, sizeof q, key),
-                              ct_pk_storage_types[c->st[i].type].name,
-                              (unsigned long long)c->st[i].numel, ct_pk_storage_types[type].name,
-                              (unsigned long long)numel);
-            *idx = i;
-            return CT_OK;
-        }
+    size_t i;
+    if (ct_strmap_get(&c->roots, key, strlen(key), &i)) {
+        if (c->st[i].type != type || c->st[i].numel != numel)
+            return ptfail(CT_EFORMAT, c->label, "storage",
+                          "storage '%s' is referred to as %s of %llu elements and as %s of "
+                          "%llu",
+                          ct_io_quote(q, sizeof q, key),
+                          ct_pk_storage_types[c->st[i].type].name,
+                          (unsigned long long)c->st[i].numel, ct_pk_storage_types[type].name,
+                          (unsigned long long)numel);
+        *idx = i;
+        return CT_OK;
+    }
     CT_TRY(grow((void **)&c->st, &c->cap_st, c->nst + 1, sizeof *c->st));
     st_rec *r = &c->st[c->nst];
     memset(r, 0, sizeof *r);
@@ -117,6 +121,7 @@ static ct_status add_storage(pt_ctx *c, const char *key, size_t type, uint64_t n
     r->type = type;
     r->numel = numel;
     r->root = c->nst;
+    CT_TRY(ct_strmap_put(&c->roots, key, strlen(key), c->nst, NULL, NULL));
     *idx = c->nst++;
     return CT_OK;
 }
@@ -189,6 +194,8 @@ static ct_status persistent(void *ctx, pk_obj *pid, pk_obj **out)
         r->numel = vn;
         r->root = idx;
         r->view_off = off;
+        r->next_view = c->st[idx].views; /* the root's chain of views */
+        c->st[idx].views = c->nst + 1;
         idx = c->nst++;
     }
     CT_TRY(ct_pk_make(c->m, PK_STORAGE, out));
@@ -449,10 +456,10 @@ static ct_status type_storage(pt_ctx *c, const char *qn, const pk_tensor *t)
         x->view_off /= es;
         if (x == v || v == r) break;
     }
-    /* other legacy views of the same root */
-    for (size_t i = 0; i < c->nst; i++) {
-        st_rec *x = &c->st[i];
-        if (x != r && x != v && x->root == v->root) {
+    /* other legacy views of the same root (its chain: once per root, not a scan per root) */
+    for (size_t i = r->views; i; i = c->st[i - 1].next_view) {
+        st_rec *x = &c->st[i - 1];
+        if (x != r && x != v) {
             if (x->numel % es || x->view_off % es)
                 return ptfail(CT_EFORMAT, c->label, "storage",
                               "a view of storage '%s' does not hold whole torch.%s elements",
@@ -648,13 +655,21 @@ static ct_status parse_zip(pt_ctx *c, pk_obj **root, size_t *pickle_bytes)
                       "%llu bytes follow the pickle's STOP in data.pkl",
                       (unsigned long long)(pkl->size - used));
     *pickle_bytes = (size_t)pkl->size;
-    /* The storages' records. */
+    /* The storages' records: the members indexed by name once (the first of a name, as
+     * ct_zip_find), each storage's found in it. */
+    CT_TRY(ct_strmap_init(&c->members, c->zip.count));
+    for (size_t i = 0; i < c->zip.count; i++) {
+        const char *mn = c->zip.members[i].name;
+        CT_TRY(ct_strmap_put(&c->members, mn, strlen(mn), i, NULL, NULL));
+    }
     for (size_t i = 0; i < c->nst; i++) {
         st_rec *r = &c->st[i];
         if (r->root != i) continue;
         char q[96];
         snprintf(nm, sizeof nm, "%sdata/%s", c->prefix, r->key);
-        const ct_zip_member *mb = ct_zip_find(&c->zip, nm);
+        size_t mi;
+        const ct_zip_member *mb =
+            ct_strmap_get(&c->members, nm, strlen(nm), &mi) ? &c->zip.members[mi] : NULL;
         if (!mb)
             return ptfail(CT_EFORMAT, c->label, "layout", "storage '%s' has no member '%s'",
                           ct_io_quote(q, sizeof q, r->key), nm);
@@ -722,8 +737,8 @@ static ct_status parse_legacy(pt_ctx *c, pk_obj **root, size_t *pickle_bytes)
             return ptfail(CT_EFORMAT, c->label, "legacy", "storage key %zu is %s, not a string", i,
                           ct_pk_kind_name(o->u.seq.items[i]));
         st_rec *r = NULL;
-        for (size_t j = 0; j < c->nst; j++)
-            if (c->st[j].root == j && !strcmp(c->st[j].key, k)) r = &c->st[j];
+        size_t j;
+        if (ct_strmap_get(&c->roots, k, strlen(k), &j)) r = &c->st[j];
         if (!r)
             return ptfail(CT_EFORMAT, c->label, "legacy",
                           "storage key '%s' is listed but no tensor uses it",
@@ -977,6 +992,8 @@ ct_status ct_io_pt_parse(const char *label, ct_file_format fmt, const uint8_t *b
     ct_free(c.ent);
     ct_free(c.meta);
     ct_free(c.st);
+    ct_strmap_free(&c.roots);
+    ct_strmap_free(&c.members);
     ct_zip_close(&c.zip);
     ct_pk_free(c.m);
     return s;

@@ -15,6 +15,11 @@
 
 /* Deeper JSON is refused before Jansson sees it (a valid header needs 3 levels). */
 #define ST_MAX_DEPTH 64
+/* Most tensors one file may list. The header is parsed into a JSON tree first (about 1 KB a
+ * tensor) and then into the file's tables, so the count, not the header's bytes, sets the
+ * memory an open takes: a 100 MB header of 1.7M empty tensors took 2-3 GB. 2^19 is five times
+ * the largest real checkpoint files (about 100k tensors) and keeps an open under ~600 MB. */
+#define ST_MAX_TENSORS ((size_t)1 << 19)
 
 /* ---- errors --------------------------------------------------------------------------- */
 
@@ -69,7 +74,7 @@ static ct_status st_prescan(st_ctx *c, const uint8_t *h, size_t n)
 {
     int depth = 0;
     bool in_str = false, esc = false;
-    size_t i = 0;
+    size_t i = 0, keys = 0; /* keys: the top-level object's (tensors and __metadata__) */
     while (i < n) {
         uint8_t b = h[i];
         if (b == 0) return st_fail(c, CT_ST_RULE_NUL, "NUL byte at header byte %zu", i);
@@ -105,6 +110,11 @@ static ct_status st_prescan(st_ctx *c, const uint8_t *h, size_t n)
                                i);
         } else if (b == '}' || b == ']')
             depth--;
+        else if (b == ':' && depth == 1 && ++keys > ST_MAX_TENSORS + 1)
+            return st_fail(c, CT_ST_RULE_HEADER_TOO_LARGE,
+                           "the header lists more than %zu tensors (the limit of one file; "
+                           "header byte %zu): split it into shards",
+                           ST_MAX_TENSORS, i);
         i++;
     }
     return CT_OK;
@@ -366,6 +376,14 @@ static ct_status st_parse(st_ctx *c, const uint8_t *base, size_t size, ct_tensor
         e->order = count++;
         nstr += strlen(key) + 1;
         ndims += (size_t)e->ndim;
+    }
+
+    if (count > ST_MAX_TENSORS) { /* the prescan allowed one key more, for __metadata__ */
+        s = st_fail(c, CT_ST_RULE_HEADER_TOO_LARGE,
+                    "the header lists more than %zu tensors (the limit of one file): split it "
+                    "into shards",
+                    ST_MAX_TENSORS);
+        goto done;
     }
 
     /* Pass 2: copy names, shapes and metadata out of the JSON tree. */

@@ -1,5 +1,6 @@
 /* Hugging Face Llama-family directories (include/ctorch/model.h): config.json, the index of
  * shards, tensor names, loading (copies or mapped views) and saving. */
+#include "core/strmap.h"
 #include "model/gpt_internal.h"
 #include "model/hf_internal.h"
 
@@ -657,6 +658,7 @@ ct_status hf_index_parse(const char *text, size_t len, const char *what, hf_inde
     ct_status s = CT_OK;
     const char *key;
     json_t *v, *wm = NULL;
+    ct_strmap files = {0}; /* shard file name -> its number */
     if (!json_is_object(j)) {
         s = ct_error(CT_EFORMAT, "%s: must be a JSON object", what);
         goto done;
@@ -682,7 +684,8 @@ ct_status hf_index_parse(const char *text, size_t len, const char *what, hf_inde
     size_t n = json_object_size(wm);
     if ((s = ct_calloc((void **)&x->names, n * sizeof(char *))) ||
         (s = ct_calloc((void **)&x->shard, n * sizeof(int))) ||
-        (s = ct_calloc((void **)&x->files, HF_MAX_SHARDS * sizeof(char *))))
+        (s = ct_calloc((void **)&x->files, HF_MAX_SHARDS * sizeof(char *))) ||
+        (s = ct_strmap_init(&files, 64)))
         goto done;
     json_object_foreach(wm, key, v)
     {
@@ -698,21 +701,23 @@ ct_status hf_index_parse(const char *text, size_t len, const char *what, hf_inde
             goto done;
         }
         const char *f = json_string_value(v);
-        int k = 0;
-        while (k < x->nshards && strcmp(x->files[k], f))
-            k++;
-        if (k == x->nshards) {
+        size_t k; /* the shard's number: looked up, not searched (entries x shards was slow) */
+        if (!ct_strmap_get(&files, f, strlen(f), &k)) {
             if (x->nshards == HF_MAX_SHARDS) {
                 s = ct_error(CT_EFORMAT, "%s: more than %d shard files", what, HF_MAX_SHARDS);
                 goto done;
             }
-            if ((s = dup_str(f, &x->files[k]))) goto done;
+            k = (size_t)x->nshards;
+            if ((s = dup_str(f, &x->files[k])) ||
+                (s = ct_strmap_put(&files, x->files[k], strlen(x->files[k]), k, NULL, NULL)))
+                goto done;
             x->nshards++;
         }
         if ((s = dup_str(key, &x->names[x->n]))) goto done;
-        x->shard[x->n++] = k;
+        x->shard[x->n++] = (int)k;
     }
 done:
+    ct_strmap_free(&files);
     json_decref(j);
     if (s) hf_index_free(x);
     return s;
@@ -856,7 +861,22 @@ static ct_status open_files(ct_hf_model *h, hf_index *ix)
         char *ipath, *text;
         size_t len;
         CT_TRY(hf_join(h->dir, "model.safetensors.index.json", &ipath));
-        ct_status s = stat(ipath, &st) == 0 ? hf_read_text(ipath, HF_INDEX_MAX, &text, &len)
+        /* The index lists the configuration's tensors (and at most a rotary buffer a layer and
+         * lm_head): 1 KiB an entry is ten times a real index's, so text beyond that bound is
+         * refused before it is parsed (a 66 MB index for a small model took 1 GB in the JSON
+         * tree). */
+        size_t bound = ((size_t)64 << 10) + ((size_t)h->ne + (size_t)h->cfg.n_layer + 1) * 1024;
+        if (bound > HF_INDEX_MAX) bound = HF_INDEX_MAX;
+        if (stat(ipath, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size > bound) {
+            ct_status e = ct_error(CT_EFORMAT,
+                                   "%s: model.safetensors.index.json has %lld bytes, more than "
+                                   "the %zu an index of this configuration's %d tensors can need "
+                                   "(1 KiB a tensor and 64 KiB)",
+                                   h->dir, (long long)st.st_size, bound, h->ne);
+            ct_free(ipath);
+            return e;
+        }
+        ct_status s = stat(ipath, &st) == 0 ? hf_read_text(ipath, bound, &text, &len)
                                             : ct_error(CT_EIO,
                                                        "%s: neither model.safetensors nor "
                                                        "model.safetensors.index.json is there",
@@ -894,6 +914,7 @@ ct_status ct_hf_open(const char *dir, ct_hf_model **out)
     h->lm_head_file = -1;
     hf_index ix;
     memset(&ix, 0, sizeof ix);
+    ct_strmap listed = {0}; /* the index's tensor names -> entry */
     bool **used = NULL;
     char *cpath = NULL, *text = NULL;
     size_t len;
@@ -917,13 +938,19 @@ ct_status ct_hf_open(const char *dir, ct_hf_model **out)
         size_t n = ct_tensor_file_count(h->files[i]);
         if ((s = ct_calloc((void **)&used[i], (n ? n : 1) * sizeof(bool)))) goto fail;
     }
+    /* the index's names looked up through a map (a search per tensor was quadratic) */
+    if (h->sharded) {
+        if ((s = ct_strmap_init(&listed, ix.n))) goto fail;
+        for (size_t i = 0; i < ix.n; i++)
+            if ((s = ct_strmap_put(&listed, ix.names[i], strlen(ix.names[i]), i, NULL, NULL)))
+                goto fail;
+    }
     for (int k = 0; k < h->ne; k++) {
         hf_entry *e = &h->e[k];
         int f = 0;
         if (h->sharded) {
-            f = -1;
-            for (size_t i = 0; i < ix.n && f < 0; i++)
-                if (!strcmp(ix.names[i], e->hf)) f = ix.shard[i];
+            size_t i;
+            f = ct_strmap_get(&listed, e->hf, strlen(e->hf), &i) ? ix.shard[i] : -1;
             if (f < 0) {
                 s = ct_error(CT_EFORMAT, "%s: tensor '%s' is missing from the index", dir, e->hf);
                 goto fail;
@@ -973,10 +1000,8 @@ ct_status ct_hf_open(const char *dir, ct_hf_model **out)
             for (size_t i = 0; i < ct_tensor_file_count(h->files[f]); i++) {
                 ct_tensor_info in;
                 if ((s = ct_tensor_file_info(h->files[f], i, &in))) goto fail;
-                bool listed = false;
-                for (size_t q = 0; q < ix.n && !listed; q++)
-                    listed = ix.shard[q] == f && !strcmp(ix.names[q], in.name);
-                if (!listed) {
+                size_t q;
+                if (!ct_strmap_get(&listed, in.name, strlen(in.name), &q) || ix.shard[q] != f) {
                     s = ct_error(CT_EFORMAT, "%s/%s: tensor '%s' is not in the index under this file",
                                  dir, h->names[f], in.name);
                     goto fail;
@@ -985,6 +1010,7 @@ ct_status ct_hf_open(const char *dir, ct_hf_model **out)
     for (int i = 0; i < h->nfiles; i++)
         ct_free(used[i]);
     ct_free(used);
+    ct_strmap_free(&listed);
     hf_index_free(&ix);
     ct_free(cpath);
     ct_free(text);
@@ -994,6 +1020,7 @@ fail:
     for (int i = 0; used && i < h->nfiles; i++)
         ct_free(used[i]);
     ct_free(used);
+    ct_strmap_free(&listed);
     hf_index_free(&ix);
     ct_free(cpath);
     ct_free(text);

@@ -46,6 +46,107 @@ static ct_status find_prefix(const ct_tensor_file *f, char *prefix, bool *hf)
                     "model.embed_tokens.weight (under any prefix): not a Llama-family state dict");
 }
 
+static bool float_dtype(const ct_tensor_info *inf)
+{
+    ct_dtype dt = inf->dtype;
+    return inf->has_dtype && (dt == CT_DTYPE_F32 || dt == CT_DTYPE_F64 || dt == CT_DTYPE_F16 ||
+                              dt == CT_DTYPE_BF16 || dt == CT_DTYPE_F8_E4M3 ||
+                              dt == CT_DTYPE_F8_E5M2);
+}
+
+static void shape_text(char *buf, size_t cap, int ndim, const int64_t *shape)
+{
+    size_t n = (size_t)snprintf(buf, cap, "[");
+    for (int d = 0; d < ndim && n < cap; d++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
+/* Tensor idx of the file (named name) has shape `want` (ndim 1 or 2) and a float dtype. */
+static ct_status check_one(const char *fn, const ct_tensor_file *f, size_t idx, const char *name,
+                           int ndim, const int64_t *want)
+{
+    ct_tensor_info inf;
+    CT_TRY(ct_tensor_file_info(f, idx, &inf));
+    if (!float_dtype(&inf))
+        return ct_error(CT_EFORMAT,
+                        "%s: tensor '%s' has dtype %s; parameters need a floating-point one "
+                        "(F32, F64, F16, BF16, F8)",
+                        fn, name, ct_st_dtype_name(inf.st_dtype));
+    bool same = inf.ndim == ndim;
+    for (int d = 0; same && d < ndim; d++)
+        same = inf.shape[d] == want[d];
+    if (same) return CT_OK;
+    char w[64], got[160];
+    shape_text(w, sizeof w, ndim, want);
+    shape_text(got, sizeof got, inf.ndim > 8 ? 8 : inf.ndim, inf.shape);
+    return ct_error(CT_EFORMAT, "%s: tensor '%s' has shape %s%s, not the configuration's %s", fn,
+                    name, got, inf.ndim > 8 ? " (first 8 dims)" : "", w);
+}
+
+/* Every check of the load that needs no weights, before anything the model's size exists:
+ * each of the configuration's tensors present (under the prefix, ctorch's or HF's names) with
+ * its shape and a float dtype, nothing foreign under the prefix, a tied model's lm_head of the
+ * embedding's shape and dtype class. used (nt entries) receives which tensors the model takes. */
+static ct_status check_all(const char *fn, const ct_tensor_file *f, const ct_gpt_config *cfg,
+                           const char *prefix, bool hf, bool *used)
+{
+    char name[SD_PREFIX_MAX + 256], part[256];
+    gpt_tensor *tab;
+    int n;
+    CT_TRY(gpt_tensor_table(cfg, &tab, &n));
+    ct_status s = CT_OK;
+    for (int i = 0; i < n && !s; i++) {
+        const gpt_tensor *t = &tab[i];
+        int parts = 1;
+        if (hf && (s = ct_hf_tensor_name(t->name, 0, part, sizeof part, &parts))) break;
+        for (int k = 0; k < parts && !s; k++) {
+            if (hf && (s = ct_hf_tensor_name(t->name, k, part, sizeof part, NULL))) break;
+            snprintf(name, sizeof name, "%s%s", prefix, hf ? part : t->name);
+            size_t idx;
+            if (ct_tensor_file_find(f, name, &idx) != CT_OK) {
+                s = ct_error(CT_EFORMAT, "%s: the state dict has no tensor '%s'", fn, name);
+                break;
+            }
+            int64_t want[2] = {t->shape[0] / parts, t->ndim > 1 ? t->shape[1] : 0};
+            s = check_one(fn, f, idx, name, t->ndim, want);
+            used[idx] = true;
+        }
+    }
+    size_t nt = ct_tensor_file_count(f);
+    for (size_t i = 0; i < nt && !s; i++) {
+        ct_tensor_info inf;
+        if (used[i]) continue;
+        if ((s = ct_tensor_file_info(f, i, &inf))) break;
+        if (!starts_with(inf.name, prefix)) continue;
+        const char *rest = inf.name + strlen(prefix);
+        if (hf && ends_with(rest, ".self_attn.rotary_emb.inv_freq")) continue; /* derived */
+        if (!hf && (starts_with(rest, "optimizer.") || starts_with(rest, "grad."))) continue;
+        if (hf && cfg->tied && !strcmp(rest, "lm_head.weight")) { /* must equal the embedding */
+            s = check_one(fn, f, i, inf.name, tab[0].ndim, tab[0].shape);
+            continue;
+        }
+        s = ct_error(CT_EFORMAT, "%s: tensor '%s' is not a tensor of this model", fn, inf.name);
+    }
+    ct_free(tab);
+    return s;
+}
+
+ct_status ct_gpt_state_dict_check(const ct_tensor_file *f, const ct_gpt_config *cfg)
+{
+    const char *fn = "ct_gpt_state_dict_check";
+    if (!f || !cfg) return ct_error(CT_EINVAL, "%s: f and cfg must not be NULL", fn);
+    char prefix[SD_PREFIX_MAX];
+    bool hf = false;
+    CT_TRY(find_prefix(f, prefix, &hf));
+    size_t nt = ct_tensor_file_count(f);
+    bool *used = NULL;
+    CT_TRY(ct_calloc((void **)&used, (nt ? nt : 1) * sizeof *used));
+    ct_status s = check_all(fn, f, cfg, prefix, hf, used);
+    ct_free(used);
+    return s;
+}
+
 ct_status ct_gpt_load_state_dict(ct_gpt *m, const ct_tensor_file *f)
 {
     const char *fn = "ct_gpt_load_state_dict";
@@ -56,7 +157,8 @@ ct_status ct_gpt_load_state_dict(ct_gpt *m, const ct_tensor_file *f)
     size_t nt = ct_tensor_file_count(f);
     bool *used = NULL;
     CT_TRY(ct_calloc((void **)&used, (nt ? nt : 1) * sizeof *used));
-    ct_status s = CT_OK;
+    /* names, shapes and dtypes first: a file that does not fit leaves the weights untouched */
+    ct_status s = check_all(fn, f, &m->cfg, prefix, hf, used);
     for (int i = 0; i < ct_gpt_num_tensors(m) && !s; i++) {
         const char *ct;
         ct_tensor p;
@@ -67,10 +169,7 @@ ct_status ct_gpt_load_state_dict(ct_gpt *m, const ct_tensor_file *f)
             if (hf && (s = ct_hf_tensor_name(ct, k, part, sizeof part, NULL))) break;
             snprintf(name, sizeof name, "%s%s", prefix, hf ? part : ct);
             size_t idx;
-            if (ct_tensor_file_find(f, name, &idx) != CT_OK) {
-                s = ct_error(CT_EFORMAT, "%s: the state dict has no tensor '%s'", fn, name);
-                break;
-            }
+            if ((s = ct_tensor_file_find(f, name, &idx))) break; /* found by check_all */
             ct_tensor dst = p;
             if (parts > 1) {
                 int64_t rows = p.shape[0] / parts;
@@ -80,33 +179,26 @@ ct_status ct_gpt_load_state_dict(ct_gpt *m, const ct_tensor_file *f)
                 s = ct_error_wrap(s, "%s: tensor '%s'", fn, name);
                 break;
             }
-            used[idx] = true;
         }
     }
-    bool tied = m->cfg.tied;
-    for (size_t i = 0; i < nt && !s; i++) {
+    /* the one check that needs the weights: a tied model's lm_head equals the embedding */
+    for (size_t i = 0; i < nt && !s && hf && m->cfg.tied; i++) {
         ct_tensor_info inf;
         if (used[i]) continue;
         if ((s = ct_tensor_file_info(f, i, &inf))) break;
-        if (!starts_with(inf.name, prefix)) continue;
-        const char *rest = inf.name + strlen(prefix);
-        if (hf && ends_with(rest, ".self_attn.rotary_emb.inv_freq")) continue; /* derived */
-        if (!hf && (starts_with(rest, "optimizer.") || starts_with(rest, "grad."))) continue;
-        if (hf && tied && !strcmp(rest, "lm_head.weight")) { /* must equal the embedding */
-            ct_tensor e, h;
-            bool same = false;
-            if ((s = ct_gpt_tensor(m, 0, NULL, &e, NULL))) break;
-            if (ct_tensor_file_read(f, i, CT_DTYPE_F32, &h) == CT_OK) {
-                same = ct_tensor_numel(&h) == ct_tensor_numel(&e) &&
-                       !memcmp(h.data, e.data, (size_t)ct_tensor_numel(&e) * sizeof(float));
-                ct_tensor_free(&h);
-            }
-            if (same) continue;
+        if (!starts_with(inf.name, prefix) || strcmp(inf.name + strlen(prefix), "lm_head.weight"))
+            continue;
+        ct_tensor e, h;
+        bool same = false;
+        if ((s = ct_gpt_tensor(m, 0, NULL, &e, NULL))) break;
+        if (ct_tensor_file_read(f, i, CT_DTYPE_F32, &h) == CT_OK) {
+            same = ct_tensor_numel(&h) == ct_tensor_numel(&e) &&
+                   !memcmp(h.data, e.data, (size_t)ct_tensor_numel(&e) * sizeof(float));
+            ct_tensor_free(&h);
+        }
+        if (!same)
             s = ct_error(CT_EFORMAT, "%s: '%s' of a tied model differs from the embedding", fn,
                          inf.name);
-            break;
-        }
-        s = ct_error(CT_EFORMAT, "%s: tensor '%s' is not a tensor of this model", fn, inf.name);
     }
     ct_free(used);
     return s;

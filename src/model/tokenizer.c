@@ -95,6 +95,9 @@ void ct_tokenizer_free(ct_tokenizer *t)
     ct_free(t->off);
     ct_free(t->tok_map);
     ct_free(t->special);
+    ct_free(t->trie_key);
+    ct_free(t->trie_child);
+    ct_free(t->trie_id);
     ct_free(t->json);
     ct_free(t);
 }
@@ -175,6 +178,74 @@ static int cmp_special(const void *x, const void *y, void *ctx)
     return a < b ? -1 : a > b;
 }
 
+static inline int32_t trie_next(const ct_tokenizer *t, int32_t x, unsigned char b)
+{
+    uint64_t key = ((uint64_t)(uint32_t)x << 8 | b) + 1;
+    size_t mask = t->trie_cap - 1, h = ct_tok_hash64(key) & mask;
+    while (t->trie_key[h]) {
+        if (t->trie_key[h] == key) return t->trie_child[h];
+        h = (h + 1) & mask;
+    }
+    return -1;
+}
+
+static ct_status build_trie(ct_tokenizer *t)
+{
+    ct_free(t->trie_key);
+    ct_free(t->trie_child);
+    ct_free(t->trie_id);
+    t->trie_key = NULL;
+    t->trie_child = NULL;
+    t->trie_id = NULL;
+    t->trie_cap = t->trie_nodes = 0;
+    size_t total = 0; /* bytes of all special tokens: a bound on the edges (tokenizer caps) */
+    for (size_t k = 0; k < t->n_special; k++)
+        total += t->off[t->special[k] + 1] - t->off[t->special[k]];
+    if (total >= INT32_MAX / 2)
+        return ct_error(CT_EFORMAT, "tokenizer: the special tokens hold %zu bytes, more than %d",
+                        total, INT32_MAX / 2);
+    size_t cap = 16;
+    while (cap < 2 * total + 2)
+        cap *= 2;
+    CT_TRY(ct_calloc((void **)&t->trie_key, cap * sizeof *t->trie_key));
+    CT_TRY(ct_calloc((void **)&t->trie_child, cap * sizeof *t->trie_child));
+    CT_TRY(ct_alloc((void **)&t->trie_id, (total + 1) * sizeof *t->trie_id));
+    t->trie_cap = cap;
+    t->trie_id[0] = -1;
+    t->trie_nodes = 1;
+    for (size_t k = 0; k < t->n_special; k++) {
+        int32_t id = t->special[k], x = 0;
+        for (size_t j = t->off[id]; j < t->off[id + 1]; j++) {
+            unsigned char b = (unsigned char)t->bytes[j];
+            int32_t c = trie_next(t, x, b);
+            if (c < 0) {
+                uint64_t key = ((uint64_t)(uint32_t)x << 8 | b) + 1;
+                size_t mask = cap - 1, h = ct_tok_hash64(key) & mask;
+                while (t->trie_key[h])
+                    h = (h + 1) & mask;
+                c = (int32_t)t->trie_nodes++;
+                t->trie_key[h] = key;
+                t->trie_child[h] = c;
+                t->trie_id[c] = -1;
+            }
+            x = c;
+        }
+        if (x && (t->trie_id[x] < 0 || id < t->trie_id[x])) t->trie_id[x] = id;
+    }
+    return CT_OK;
+}
+
+int32_t ct_tok_special_match(const ct_tokenizer *t, const unsigned char *s, size_t len, size_t i)
+{
+    if (!t->trie_nodes) return -1;
+    int32_t best = -1, x = 0;
+    for (size_t k = i; k < len; k++) {
+        if ((x = trie_next(t, x, s[k])) < 0) break;
+        if (t->trie_id[x] >= 0) best = t->trie_id[x]; /* a longer one wins */
+    }
+    return best;
+}
+
 ct_status ct_tok_index_special(ct_tokenizer *t)
 {
     if (t->n_special) qsort_r(t->special, t->n_special, sizeof(int32_t), cmp_special, t);
@@ -185,7 +256,7 @@ ct_status ct_tok_index_special(ct_tokenizer *t)
         t->special_at[b] = (uint32_t)k;
     }
     t->special_at[256] = (uint32_t)t->n_special;
-    return CT_OK;
+    return build_trie(t);
 }
 
 ct_status ct_tok_build_ctorch(const int32_t *merges, int64_t n_merges, ct_tokenizer **out)
@@ -498,17 +569,12 @@ static ct_status encode_piece(const ct_tokenizer *t, enc *e, const unsigned char
     return CT_OK;
 }
 
-/* The special token that starts at s[i] (the longest), or -1. */
+/* The special token that starts at s[i] (the longest), or -1: a walk down their trie (a scan
+ * of every special token with s[i]'s first byte made 100k added tokens quadratic). */
 static inline int32_t special_at(const ct_tokenizer *t, const unsigned char *s, size_t len,
                                  size_t i)
 {
-    uint32_t a = t->special_at[s[i]], b = t->special_at[s[i] + 1];
-    for (uint32_t k = a; k < b; k++) {
-        int32_t id = t->special[k];
-        size_t n = t->off[id + 1] - t->off[id];
-        if (n <= len - i && !memcmp(s + i, t->bytes + t->off[id], n)) return id;
-    }
-    return -1;
+    return ct_tok_special_match(t, s, len, i);
 }
 
 ct_status ct_tokenizer_encode(const ct_tokenizer *t, const char *text, size_t len, int32_t **ids,

@@ -31,6 +31,15 @@ struct ct_tokenizer {
     int32_t *special; /* ids matched in the text before splitting, longest first per byte */
     size_t n_special;
     uint32_t special_at[257]; /* special[special_at[b] .. special_at[b+1]) start with byte b */
+    /* The special ids' bytes as a trie (ct_tok_special_match walks it: the work at a text
+     * position is at most the longest special token, not the number of special tokens):
+     * node 0 the root; the child of node x by byte b in an open-addressed map from key
+     * (x << 8 | b) + 1 (0 = empty) to the child; trie_id[x] the special id spelled by x, or -1. */
+    uint64_t *trie_key;
+    int32_t *trie_child;
+    size_t trie_cap;
+    int32_t *trie_id;
+    size_t trie_nodes;
     bool ignore_merges; /* a piece that is a token is that token (Llama 3's BPE) */
     bool nfc;           /* the tokenizer normalizes to NFC: refuse text that is not NFC */
     bool add_bos, add_eos;
@@ -56,8 +65,13 @@ ct_status ct_tok_build_ctorch(const int32_t *merges, int64_t n_merges, ct_tokeni
 
 /* Build the rank table and check the merges; t->merges and t->n_merges set. */
 ct_status ct_tok_build_ranks(ct_tokenizer *t);
-/* Index the special ids by their first byte (t->special, t->n_special set). */
+/* Index the special ids by their first byte and build their trie (t->special, t->n_special
+ * set; t->bytes, t->off hold their bytes). */
 ct_status ct_tok_index_special(ct_tokenizer *t);
+/* The special token that starts at s[i] (i < len): the longest, of two with the same bytes the
+ * lower id; -1 if none. Leftmost-longest as Hugging Face's added-token matcher when called at
+ * each position in turn. */
+int32_t ct_tok_special_match(const ct_tokenizer *t, const unsigned char *s, size_t len, size_t i);
 /* Id of a vocabulary token's bytes, -1 if none (t->tok_map built). */
 int32_t ct_tok_lookup(const ct_tokenizer *t, const char *b, size_t n);
 ct_status ct_tok_build_map(ct_tokenizer *t, int64_t n_ids);
