@@ -62,6 +62,16 @@ for t in "${TARGETS[@]}"; do  # the seeds first, one target after another
     printf '\024\000\000abc' >"$seeds/loose"
     printf '\003\000\000' >"$seeds/absent"
   fi
+  if [ "$t" = fuzz_added_tokens ]; then  # count - 1, (length - 1, token bytes)..., the text
+    seeds="$BUILD/fuzz-seeds/added_tokens"
+    mkdir -p "$seeds"
+    printf '\002\001ab\002abc\002bcd' >"$seeds/prefixes"
+    printf 'xabcd abc bcdab ab' >>"$seeds/prefixes"
+    printf '\003\002<x1\003<x12\003<x1>\003<x1>' >"$seeds/duplicates"
+    printf '<x1><x12><x1 <<x1>>' >>"$seeds/duplicates"
+    printf '\001\000\000\001\000\377' >"$seeds/bytes"
+    printf '\000\377\000\000\377' >>"$seeds/bytes"
+  fi
   if [ "$t" = fuzz_checkpoint ]; then  # checkpoints and hostile variants, written by a script
     seeds="$BUILD/fuzz-seeds/checkpoint"
     "$PY" tests/fuzz/make_checkpoint_corpus.py "$seeds"
