@@ -257,7 +257,7 @@ class Model:
         if x.numel() and (int(x.min()) < 0 or int(x.max()) >= V):
             bad = int(x.min()) if int(x.min()) < 0 else int(x.max())
             raise IndexError(f"index out of range in self (ctorch.models: token id {bad} is "
-                             f"not in [0, {V}))")
+                             f"outside the vocabulary [0, {V}))")
         return x.to(torch.int32).contiguous()
 
     def forward(self, input_ids):

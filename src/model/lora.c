@@ -502,6 +502,42 @@ static ct_status lora_values_ok(const char *dir, const ct_tensor_info *x, const 
     return CT_OK;
 }
 
+/* W += s B A as PEFT merges (delta = s (B A), then W + delta), 64 rows of the delta at a time.
+ * apply false: only check that no finite weight becomes NaN or infinite (finite adapters can
+ * still overflow: PEFT's safe_merge refuses that too); the delta is computed the same way both
+ * times (ct_gemm_f32 is deterministic), so what was checked is what is added. */
+static ct_status lora_delta(const char *dir, const char *name, const adapter *a, int64_t rank,
+                            float scale, const float *a32, const float *b32, bool apply)
+{
+    enum { ROWS = 64 };
+    float *tmp;
+    CT_TRY(ct_alloc((void **)&tmp, (size_t)(ROWS * a->in) * sizeof(float)));
+    ct_status s = CT_OK;
+    int64_t row0 = TARGETS[a->target].half == 2 ? a->out : 0; /* up_proj: w_gate_up's 2nd half */
+    for (int64_t o = 0; o < a->out && !s; o += ROWS) {
+        int64_t n = a->out - o < ROWS ? a->out - o : ROWS;
+        if ((s = ct_gemm_f32(false, false, n, a->in, rank, scale, b32 + o * rank, rank, a32, a->in,
+                             0.0f, tmp, a->in)))
+            break;
+        float *w = a->w + o * a->in;
+        for (int64_t k = 0; k < n * a->in; k++) {
+            if (apply) {
+                w[k] += tmp[k];
+            } else if (isfinite(w[k]) && !isfinite(w[k] + tmp[k])) {
+                s = ct_error(CT_EFORMAT,
+                             "%s: adapter '%s' would make '%s' non-finite at [%lld, %lld] (%g + "
+                             "%g): a broken adapter; nothing was merged",
+                             dir, name, a->ct, (long long)(row0 + o + k / a->in),
+                             (long long)(k % a->in),
+                             (double)w[k], (double)tmp[k]);
+                break;
+            }
+        }
+    }
+    ct_free(tmp);
+    return s;
+}
+
 ct_status ct_lora_merge(ct_gpt *m, const char *dir, int *n_merged)
 {
     const char *fn = "ct_lora_merge";
@@ -590,13 +626,12 @@ ct_status ct_lora_merge(ct_gpt *m, const char *dir, int *n_merged)
                 (s = ct_tensor_file_read_into(f, i, &ta)) || (s = ct_tensor_file_read_into(f, ib, &tb)))
                 goto done;
             if (!pass) {
-                if ((s = lora_values_ok(dir, &in, a32)) || (s = lora_values_ok(dir, &bi, b32)))
+                if ((s = lora_values_ok(dir, &in, a32)) || (s = lora_values_ok(dir, &bi, b32)) ||
+                    (s = lora_delta(dir, in.name, &a, rank, scale, a32, b32, false)))
                     goto done;
                 seen[i] = seen[ib] = true;
             } else {
-                if ((s = ct_gemm_f32(false, false, a.out, a.in, rank, scale, b32, rank, a32, a.in,
-                                     1.0f, a.w, a.in)))
-                    goto done;
+                if ((s = lora_delta(dir, in.name, &a, rank, scale, a32, b32, true))) goto done;
                 merged++;
             }
             ct_free(a32);

@@ -227,6 +227,16 @@ def test_lora_merge_refuses_nan_and_integer_adapters(tmp_path, llama):
     safetensors.torch.save_file(inf, str(st))
     with pytest.raises(CtorchError, match="holds an infinity"):
         m.merge_lora(tmp_path)
+    # finite adapters whose product overflows: PEFT's safe merge refuses the merged weight
+    big = dict(good)
+    big[b] = good[b] * 1e20
+    big[b.replace("lora_B", "lora_A")] = good[b.replace("lora_B", "lora_A")] * 1e20
+    safetensors.torch.save_file(big, str(st))
+    with pytest.raises(ValueError, match="NaN"):
+        ref.load_adapter(ref.hf_model(cfg, w), tmp_path).merge_and_unload(safe_merge=True)
+    with pytest.raises(CtorchError, match=r"would make 'layers.1.attention.wv.weight' non-finite"):
+        m.merge_lora(tmp_path)
+    assert torch.equal(m.forward(ids), before)
     ints = dict(good)
     ints[a] = (good[a] * 10).round().to(torch.int32)
     safetensors.torch.save_file(ints, str(st))
