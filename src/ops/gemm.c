@@ -5,9 +5,9 @@
  * bits for 1 and 2 threads (it picks kernels and splits by thread count), so OpenBLAS runs
  * single-threaded and ctorch cuts the product into blocks whose layout depends on the shape
  * alone; the pool's threads take the blocks. Two layouts:
- *   - C split into a grid of about GEMM_BLOCKS tiles (rows and columns cut in proportion
- *     to M and N, so that re-packing the shared operand stays cheap), each tile one sgemm
- *     over the whole K;
+ *   - C split into a grid of up to GEMM_TILES tiles of at least GEMM_MIN_TILE a side (the
+ *     longer side halved first, so that re-packing the shared operand stays cheap), each
+ *     tile one sgemm over the whole K: enough tiles for 16+ threads on big products;
  *   - when K dominates a small C (e.g. dh = G W in the fused loss: 130 x 1024, K = 128256),
  *     K is cut into GEMM_BLOCKS slices, each slice's product goes to its own partial buffer,
  *     and the partials are added in slice order. Splitting C there would re-pack the huge
@@ -33,7 +33,8 @@
 #include <string.h>
 
 #define GEMM_BLOCK 256          /* rows of a bf16 operand converted at a time */
-#define GEMM_BLOCKS 8           /* blocks per product (enough for 8 threads) */
+#define GEMM_BLOCKS 8           /* K slices of a K-split product */
+#define GEMM_TILES 32           /* at most this many C tiles (two per thread on 16 cores) */
 #define GEMM_MIN_TILE 256       /* smallest tile side worth a split */
 #define GEMM_KSPLIT_MAX_C (1 << 20) /* K-split only for C of at most this many elements */
 #define OWN_STACK_FLOATS 4096       /* ctorch's GEMM packs up to 16 KiB of panels on the stack */
@@ -146,7 +147,10 @@ static ct_status blas_gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N,
         ct_free(j.partial);
         return CT_OK;
     }
-    while (j.nbm * j.nbn < GEMM_BLOCKS) {
+    /* The grid from the shape alone (never the thread count): halve the longer tile side
+     * while it stays >= GEMM_MIN_TILE, up to GEMM_TILES tiles (2048^3: 32 tiles of 512 x 256;
+     * every tile one sgemm over the whole K, so the bits do not depend on the grid). */
+    while (j.nbm * j.nbn < GEMM_TILES) {
         int64_t bm = M / j.nbm, bn = N / j.nbn;
         if (bm >= bn && bm >= 2 * GEMM_MIN_TILE) j.nbm *= 2;
         else if (bn >= 2 * GEMM_MIN_TILE) j.nbn *= 2;
@@ -228,19 +232,26 @@ const ct_gemm_kernels *const ct_gemm_tables[CT_ISA_COUNT] = {
     [CT_ISA_NEON] = GEMM_NEON,         [CT_ISA_SVE] = GEMM_SVE,
 };
 
+/* One step of the product: C rows [i0, i0 + mb) x columns [j0, j0 + nb), K slice [k0, k0 + kb),
+ * packed into sa A strips and sb B strips; tiles: nic row blocks of spi A strips x njg groups
+ * of spg B strips. */
+typedef struct {
+    int64_t i0, mb, j0, nb, k0, kb, sa, sb;
+    int64_t nic, spi, njg, spg;
+    float beta; /* beta for the first slice, 1 after */
+    float *ap, *bp;
+} own_step;
+
 typedef struct {
     const ct_gemm_kernels *kt;
     bool ta, tb, bf;
-    float alpha, beta;
+    float alpha;
     const unsigned char *A, *B; /* element (0, 0) of op(A) / op(B) */
     int64_t lda, ldb, ldc;
     float *C;
-    /* the current step: rows [i0, i0 + mb), columns [j0, j0 + nb), k [k0, k0 + kb) */
-    int64_t i0, mb, j0, nb, k0, kb;
-    float beta_step; /* beta for the first slice, 1 after */
-    float *ap, *bp;  /* packed strips */
-    int64_t sa, sb;  /* strip counts */
-    int64_t nic, spi, njg, spg; /* C tiles: nic row blocks of spi A strips x njg groups of spg B strips */
+    own_step run;   /* the step whose tiles this region computes (run.kb == 0: none) */
+    own_step pack;  /* the step whose panels this region packs (pack.kb == 0: none) */
+    int64_t ntask;  /* tasks of the region: the run step's tiles, or pack work alone */
 } own_job;
 
 static const unsigned char *own_at(const unsigned char *X, bool t, int64_t ld, int64_t r, int64_t c, size_t es)
@@ -248,55 +259,111 @@ static const unsigned char *own_at(const unsigned char *X, bool t, int64_t ld, i
     return X + (size_t)(t ? c * ld + r : r * ld + c) * es;
 }
 
-static void own_pack(void *arg, int64_t s0, int64_t s1, int tid)
+/* Pack strips [s0, s1) of step p's sa + sb strips (A strips first). */
+static void own_pack_strips(const own_job *j, const own_step *p, int64_t s0, int64_t s1)
 {
-    (void)tid;
-    const own_job *j = arg;
     size_t es = j->bf ? 2 : 4;
-    int64_t a1 = s1 < j->sa ? s1 : j->sa;
+    int64_t a1 = s1 < p->sa ? s1 : p->sa;
     if (s0 < a1)
-        j->kt->pack_a(j->ap, own_at(j->A, j->ta, j->lda, j->i0, j->k0, es), j->lda, j->ta, j->bf, j->mb, j->kb,
+        j->kt->pack_a(p->ap, own_at(j->A, j->ta, j->lda, p->i0, p->k0, es), j->lda, j->ta, j->bf, p->mb, p->kb,
                       j->kt->mr, s0, a1);
-    int64_t b0 = s0 > j->sa ? s0 - j->sa : 0, b1 = s1 - j->sa;
+    int64_t b0 = s0 > p->sa ? s0 - p->sa : 0, b1 = s1 - p->sa;
     if (b0 < b1)
-        j->kt->pack_b(j->bp, own_at(j->B, j->tb, j->ldb, j->k0, j->j0, es), j->ldb, j->tb, j->bf, j->kb, j->nb,
+        j->kt->pack_b(p->bp, own_at(j->B, j->tb, j->ldb, p->k0, p->j0, es), j->ldb, j->tb, j->bf, p->kb, p->nb,
                       j->kt->nr, b0, b1);
 }
 
-static void own_tiles(void *arg, int64_t t0, int64_t t1, int tid)
+/* The tiles [t0, t1) of step r. */
+static void own_tiles(const own_job *j, const own_step *r, int64_t t0, int64_t t1)
 {
-    (void)tid;
-    const own_job *j = arg;
     const ct_gemm_kernels *kt = j->kt;
     int mr = kt->mr, nr = kt->nr;
     for (int64_t t = t0; t < t1; t++) {
-        int64_t ic = t / j->njg, g = t % j->njg;
-        int64_t r0 = ic * j->spi * mr, r1 = r0 + j->spi * mr < j->mb ? r0 + j->spi * mr : j->mb;
-        int64_t s0 = g * j->spg, s1 = s0 + j->spg < j->sb ? s0 + j->spg : j->sb;
+        int64_t ic = t / r->njg, g = t % r->njg;
+        int64_t r0 = ic * r->spi * mr, r1 = r0 + r->spi * mr < r->mb ? r0 + r->spi * mr : r->mb;
+        int64_t s0 = g * r->spg, s1 = s0 + r->spg < r->sb ? s0 + r->spg : r->sb;
         for (int64_t sj = s0; sj < s1; sj++) {
-            const float *bp = j->bp + sj * j->kb * nr;
-            int64_t c0 = sj * nr, nn = j->nb - c0 < nr ? j->nb - c0 : nr;
-            for (int64_t r = r0; r < r1; r += mr) {
-                int64_t mm = j->mb - r < mr ? j->mb - r : mr;
-                float *c = j->C + (j->i0 + r) * j->ldc + j->j0 + c0;
-                kt->kernel(j->kb, j->ap + (r / mr) * j->kb * mr, bp, c, j->ldc, (int)mm, (int)nn, j->alpha,
-                           j->beta_step);
+            const float *bp = r->bp + sj * r->kb * nr;
+            int64_t c0 = sj * nr, nn = r->nb - c0 < nr ? r->nb - c0 : nr;
+            for (int64_t i = r0; i < r1; i += mr) {
+                int64_t mm = r->mb - i < mr ? r->mb - i : mr;
+                float *c = j->C + (r->i0 + i) * j->ldc + r->j0 + c0;
+                kt->kernel(r->kb, r->ap + (i / mr) * r->kb * mr, bp, c, j->ldc, (int)mm, (int)nn, j->alpha,
+                           r->beta);
             }
         }
     }
 }
 
-/* The packed panels of one step (M, N, K > 0): bounded by the blocking, not the shape, at
- * most (8 MC + NC) * KC floats. */
-static size_t own_scratch(int64_t M, int64_t N, int64_t K, size_t *abytes, size_t *bbytes)
+/* One parallel region: task t computes its tiles of the run step, then packs its share of
+ * the next step's strips (the panels are double-buffered, so one region per step: its end
+ * is the only barrier). */
+static void own_region(void *arg, int64_t t0, int64_t t1, int tid)
+{
+    (void)tid;
+    const own_job *j = arg;
+    if (j->run.kb) own_tiles(j, &j->run, t0, t1);
+    if (j->pack.kb) {
+        int64_t np = j->pack.sa + j->pack.sb;
+        own_pack_strips(j, &j->pack, np * t0 / j->ntask, np * t1 / j->ntask);
+    }
+}
+
+/* Panels of one step (M, N, K > 0), bounded by the blocking, not the shape: at most
+ * OWN_MCHUNK_BLOCKS MC rows and NC columns by KC. */
+static size_t own_scratch1(int64_t M, int64_t N, int64_t K, size_t *abytes, size_t *bbytes)
 {
     const ct_gemm_kernels *kt = CT_KERNELS(ct_gemm_tables);
     int64_t mchunk = (int64_t)kt->mc * OWN_MCHUNK_BLOCKS;
     int64_t mrows = M < mchunk ? M : mchunk, ncols = N < kt->nc ? N : kt->nc, kmax = K < CT_GEMM_KC ? K : CT_GEMM_KC;
     int64_t sa_max = (mrows + kt->mr - 1) / kt->mr, sb_max = (ncols + kt->nr - 1) / kt->nr;
-    *abytes = (size_t)(sa_max * kt->mr * kmax) * sizeof(float);
-    *bbytes = (size_t)(sb_max * kt->nr * kmax) * sizeof(float);
+    /* each panel rounded up to a cache line, so the second buffer starts aligned */
+    *abytes = ((size_t)(sa_max * kt->mr * kmax) * sizeof(float) + 63) & ~(size_t)63;
+    *bbytes = ((size_t)(sb_max * kt->nr * kmax) * sizeof(float) + 63) & ~(size_t)63;
     return *abytes + *bbytes;
+}
+
+static bool own_serial(int64_t M, int64_t N, int64_t K)
+{
+    return 2.0 * (double)M * (double)N * (double)K < OWN_SERIAL_FLOPS;
+}
+
+/* What own_gemm allocates: one set of panels for a serial product, two (double-buffered)
+ * otherwise, whatever the thread count (so callers' memory plans do not depend on it). */
+static size_t own_scratch(int64_t M, int64_t N, int64_t K, size_t *abytes, size_t *bbytes)
+{
+    size_t one = own_scratch1(M, N, K, abytes, bbytes);
+    return own_serial(M, N, K) ? one : 2 * one;
+}
+
+/* Step s of the product: chunks of crows rows outer, NC column blocks, K slices inner. */
+static void own_step_at(const own_job *j, int64_t s, int64_t M, int64_t N, int64_t K, int64_t crows, int T,
+                        float beta, float *ap[2], float *bp[2], own_step *p)
+{
+    const ct_gemm_kernels *kt = j->kt;
+    int64_t nkb = (K + CT_GEMM_KC - 1) / CT_GEMM_KC, ncb = (N + kt->nc - 1) / kt->nc;
+    int64_t pc = s % nkb, jc = (s / nkb) % ncb, ic = s / nkb / ncb;
+    memset(p, 0, sizeof *p);
+    p->i0 = ic * crows, p->mb = M - p->i0 < crows ? M - p->i0 : crows;
+    p->j0 = jc * kt->nc, p->nb = N - p->j0 < kt->nc ? N - p->j0 : kt->nc;
+    p->k0 = pc * CT_GEMM_KC, p->kb = K - p->k0 < CT_GEMM_KC ? K - p->k0 : CT_GEMM_KC;
+    p->beta = pc == 0 ? beta : 1.0f;
+    p->ap = ap[s & 1], p->bp = bp[s & 1];
+    p->sa = (p->mb + kt->mr - 1) / kt->mr;
+    p->sb = (p->nb + kt->nr - 1) / kt->nr;
+    /* Row blocks of (nearly) equal size, their count a multiple of the thread count where the
+     * rows allow, so the threads get equal work; column groups only when the row blocks alone
+     * do not split evenly. Any split gives the same bits. */
+    int64_t per_mc = kt->mc / kt->mr, nic = (p->sa + per_mc - 1) / per_mc;
+    if (nic % T) nic += T - nic % T;
+    if (nic > p->sa) nic = p->sa;
+    p->spi = (p->sa + nic - 1) / nic;
+    p->nic = (p->sa + p->spi - 1) / p->spi;
+    p->njg = p->nic % T ? (p->nic < T ? (int64_t)T * OWN_TASKS_PER_THREAD / p->nic : T) : 1;
+    if (p->njg < 1) p->njg = 1;
+    if (p->njg > p->sb) p->njg = p->sb;
+    p->spg = (p->sb + p->njg - 1) / p->njg;
+    p->njg = (p->sb + p->spg - 1) / p->spg;
 }
 
 /* C = alpha op(A) op(B) + beta C with M, N, K > 0, strides resolved; A / B f32 or bf16. */
@@ -306,62 +373,43 @@ static ct_status own_gemm(bool ta, bool tb, bool bf, int64_t M, int64_t N, int64
     const ct_gemm_kernels *kt = CT_KERNELS(ct_gemm_tables);
     int64_t mchunk = (int64_t)kt->mc * OWN_MCHUNK_BLOCKS;
     size_t abytes, bbytes;
-    own_scratch(M, N, K, &abytes, &bbytes);
+    own_scratch1(M, N, K, &abytes, &bbytes);
+    bool serial = own_serial(M, N, K);
+    int nbuf = serial ? 1 : 2;
     own_job j = {.kt = kt, .ta = ta, .tb = tb, .bf = bf, .alpha = alpha, .A = A, .B = B, .lda = lda, .ldb = ldb,
                  .ldc = ldc, .C = C};
     _Alignas(64) float small[OWN_STACK_FLOATS]; /* small products pack on the stack */
-    bool heap = abytes + bbytes > sizeof small;
-    if (heap) {
-        CT_TRY(ct_alloc((void **)&j.ap, abytes));
-        ct_status s = ct_alloc((void **)&j.bp, bbytes);
-        if (s != CT_OK) {
-            ct_free(j.ap);
-            return s;
-        }
-    } else {
-        j.ap = small;
-        j.bp = small + abytes / sizeof(float);
+    float *buf = small, *ap[2], *bp[2];
+    bool heap = (size_t)nbuf * (abytes + bbytes) > sizeof small;
+    if (heap) CT_TRY(ct_alloc((void **)&buf, (size_t)nbuf * (abytes + bbytes)));
+    for (int b = 0; b < 2; b++) {
+        int u = b % nbuf;
+        ap[b] = buf + u * (abytes + bbytes) / sizeof(float);
+        bp[b] = ap[b] + abytes / sizeof(float);
     }
-    bool serial = 2.0 * (double)M * (double)N * (double)K < OWN_SERIAL_FLOPS;
     int T = serial ? 1 : ct_num_threads();
-    /* Row chunks and blocks of (nearly) equal size, their counts multiples of the thread count
-     * where the rows allow, so the threads get equal work. Any split gives the same bits. */
+    /* Row chunks of (nearly) equal size, a multiple of mr rows, at most OWN_MCHUNK_BLOCKS MC. */
     int64_t nchunk = (M + mchunk - 1) / mchunk;
     int64_t crows = ((M + nchunk - 1) / nchunk + kt->mr - 1) / kt->mr * kt->mr; /* <= mchunk */
-    for (j.i0 = 0; j.i0 < M; j.i0 += crows) {
-        j.mb = M - j.i0 < crows ? M - j.i0 : crows;
-        j.sa = (j.mb + kt->mr - 1) / kt->mr;
-        int64_t per_mc = kt->mc / kt->mr, nic = (j.sa + per_mc - 1) / per_mc;
-        if (nic % T) nic += T - nic % T;
-        if (nic > j.sa) nic = j.sa;
-        j.spi = (j.sa + nic - 1) / nic;
-        j.nic = (j.sa + j.spi - 1) / j.spi;
-        for (j.j0 = 0; j.j0 < N; j.j0 += kt->nc) {
-            j.nb = N - j.j0 < kt->nc ? N - j.j0 : kt->nc;
-            j.sb = (j.nb + kt->nr - 1) / kt->nr;
-            /* column groups only when the row blocks alone do not split evenly */
-            j.njg = j.nic % T ? (j.nic < T ? (int64_t)T * OWN_TASKS_PER_THREAD / j.nic : T) : 1;
-            if (j.njg < 1) j.njg = 1;
-            if (j.njg > j.sb) j.njg = j.sb;
-            j.spg = (j.sb + j.njg - 1) / j.njg;
-            j.njg = (j.sb + j.spg - 1) / j.spg;
-            for (j.k0 = 0; j.k0 < K; j.k0 += CT_GEMM_KC) {
-                j.kb = K - j.k0 < CT_GEMM_KC ? K - j.k0 : CT_GEMM_KC;
-                j.beta_step = j.k0 == 0 ? beta : 1.0f;
-                if (serial) {
-                    own_pack(&j, 0, j.sa + j.sb, 0);
-                    own_tiles(&j, 0, j.nic * j.njg, 0);
-                } else {
-                    ct_parallel_for(j.sa + j.sb, own_pack, &j);
-                    ct_parallel_for(j.nic * j.njg, own_tiles, &j);
-                }
-            }
+    int64_t steps = ((M + crows - 1) / crows) * ((N + kt->nc - 1) / kt->nc) * ((K + CT_GEMM_KC - 1) / CT_GEMM_KC);
+    if (serial) {
+        for (int64_t s = 0; s < steps; s++) {
+            own_step_at(&j, s, M, N, K, crows, T, beta, ap, bp, &j.run);
+            own_pack_strips(&j, &j.run, 0, j.run.sa + j.run.sb);
+            own_tiles(&j, &j.run, 0, j.run.nic * j.run.njg);
+        }
+    } else {
+        /* region s computes step s - 1 and packs step s */
+        for (int64_t s = 0; s <= steps; s++) {
+            if (s > 0) j.run = j.pack;
+            else memset(&j.run, 0, sizeof j.run);
+            if (s < steps) own_step_at(&j, s, M, N, K, crows, T, beta, ap, bp, &j.pack);
+            else memset(&j.pack, 0, sizeof j.pack);
+            j.ntask = j.run.kb ? j.run.nic * j.run.njg : j.pack.sa + j.pack.sb;
+            ct_parallel_for(j.ntask, own_region, &j);
         }
     }
-    if (heap) {
-        ct_free(j.bp);
-        ct_free(j.ap);
-    }
+    if (heap) ct_free(buf);
     return CT_OK;
 }
 

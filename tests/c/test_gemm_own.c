@@ -20,11 +20,14 @@ typedef struct {
 } shape;
 
 /* Sizes around the AVX2 (6 x 16, MC 144, NC 3072) and AVX-512 (12 x 32, MC 192, NC 768) blockings, odd
- * sizes, K across slices of 256, M past one row chunk (8 MC blocks). */
+ * sizes, K across slices of 256, M past one row chunk (8 MC blocks), N past one column block. */
 static const shape shapes[] = {
     {1, 1, 1},    {3, 17, 33},   {17, 3, 127},  {33, 127, 17}, {127, 33, 300}, {64, 64, 513},
     {1, 127, 256}, {127, 1, 257}, {6, 16, 256}, {12, 32, 512}, {300, 50, 40},  {7, 3100, 5},
     {1200, 9, 20}, {5, 7, 0},
+    /* the threaded, double-buffered driver across steps: two row chunks (AVX2 1152 rows,
+     * AVX-512 1536), two or more column blocks (NC 3072 / 768), K across two slices */
+    {1600, 40, 260}, {20, 3100, 260},
 };
 
 static const float alphas[] = {1.0f, 0.5f, -1.5f, 0.0f};
