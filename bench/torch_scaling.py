@@ -313,7 +313,11 @@ def main():
             tc.fail(r.mode(), "train_step needs --weights")
             return
         r.threads_seen, r.repeats_run = [], []
-        c = run[name]()
+        try:
+            c = run[name]()
+        except Exception as e:  # noqa: BLE001  (one case failing says why; the others still run)
+            c = {"op": name, "mode": r.mode(), "status": "failed: " + first_line(e),
+                 "seconds": [None] * len(a.threads)}
         c.setdefault("status", "ok")
         c["threads"] = r.threads_seen  # torch.get_num_threads() at each count, as run
         c["repeats"] = r.repeats_run
