@@ -164,6 +164,12 @@ def test_sharded_index_dtype_is_checked(tmp_path):
     ctorch("train", *TRAIN, "--steps", 2, "--out", out, "--fsdp", "--nproc", 2)
     latest = out / "checkpoint-2"
     ctorch("checkpoint", "consolidate", latest, tmp_path / "ok.safetensors")
+    # (item 9) resuming the finished sharded run: every rank stops, rank 0 says why
+    metrics = (out / "metrics.jsonl").read_bytes()
+    r = ctorch("train", "--resume", "--out", out, "--fsdp", "--nproc", 2, "--quiet")
+    assert "is at step 2 of 2: the run is complete" in r.stderr, r.stderr
+    assert (out / "metrics.jsonl").read_bytes() == metrics
+    assert sorted(os.listdir(out)) == ["checkpoint-2", "latest", "loss.svg", "metrics.jsonl"]
 
     def edited(name, change):
         d = tmp_path / name
