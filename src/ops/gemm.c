@@ -27,6 +27,9 @@
 #include "ops/gemm.h"
 #include "ops/gemm_kernels.h"
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -245,6 +248,7 @@ typedef struct {
 typedef struct {
     const ct_gemm_kernels *kt;
     bool ta, tb, bf;
+    bool dot;       /* bf16 pair panels and kt->kernel_dot (the bf16 contract) */
     float alpha;
     const unsigned char *A, *B; /* element (0, 0) of op(A) / op(B) */
     int64_t lda, ldb, ldc;
@@ -264,12 +268,14 @@ static void own_pack_strips(const own_job *j, const own_step *p, int64_t s0, int
 {
     size_t es = j->bf ? 2 : 4;
     int64_t a1 = s1 < p->sa ? s1 : p->sa;
+    ct_gemm_pack_a_fn pa = j->dot ? j->kt->pack_a_dot : j->kt->pack_a;
+    ct_gemm_pack_b_fn pb = j->dot ? j->kt->pack_b_dot : j->kt->pack_b;
     if (s0 < a1)
-        j->kt->pack_a(p->ap, own_at(j->A, j->ta, j->lda, p->i0, p->k0, es), j->lda, j->ta, j->bf, p->mb, p->kb,
+        pa(p->ap, own_at(j->A, j->ta, j->lda, p->i0, p->k0, es), j->lda, j->ta, j->bf, p->mb, p->kb,
                       j->kt->mr, s0, a1);
     int64_t b0 = s0 > p->sa ? s0 - p->sa : 0, b1 = s1 - p->sa;
     if (b0 < b1)
-        j->kt->pack_b(p->bp, own_at(j->B, j->tb, j->ldb, p->k0, p->j0, es), j->ldb, j->tb, j->bf, p->kb, p->nb,
+        pb(p->bp, own_at(j->B, j->tb, j->ldb, p->k0, p->j0, es), j->ldb, j->tb, j->bf, p->kb, p->nb,
                       j->kt->nr, b0, b1);
 }
 
@@ -278,17 +284,20 @@ static void own_tiles(const own_job *j, const own_step *r, int64_t t0, int64_t t
 {
     const ct_gemm_kernels *kt = j->kt;
     int mr = kt->mr, nr = kt->nr;
+    ct_gemm_micro_fn kern = j->dot ? kt->kernel_dot : kt->kernel;
+    /* floats per k of a strip: bf16 pair panels take ceil(kb/2) pairs of 2 bytes x 2 */
+    int64_t kfl = j->dot ? (r->kb + 1) / 2 : r->kb;
     for (int64_t t = t0; t < t1; t++) {
         int64_t ic = t / r->njg, g = t % r->njg;
         int64_t r0 = ic * r->spi * mr, r1 = r0 + r->spi * mr < r->mb ? r0 + r->spi * mr : r->mb;
         int64_t s0 = g * r->spg, s1 = s0 + r->spg < r->sb ? s0 + r->spg : r->sb;
         for (int64_t sj = s0; sj < s1; sj++) {
-            const float *bp = r->bp + sj * r->kb * nr;
+            const float *bp = r->bp + sj * kfl * nr;
             int64_t c0 = sj * nr, nn = r->nb - c0 < nr ? r->nb - c0 : nr;
             for (int64_t i = r0; i < r1; i += mr) {
                 int64_t mm = r->mb - i < mr ? r->mb - i : mr;
                 float *c = j->C + (r->i0 + i) * j->ldc + r->j0 + c0;
-                kt->kernel(r->kb, r->ap + (i / mr) * r->kb * mr, bp, c, j->ldc, (int)mm, (int)nn, j->alpha,
+                kern(r->kb, r->ap + (i / mr) * kfl * mr, bp, c, j->ldc, (int)mm, (int)nn, j->alpha,
                            r->beta);
             }
         }
@@ -376,7 +385,7 @@ static ct_status own_gemm(bool ta, bool tb, bool bf, int64_t M, int64_t N, int64
     own_scratch1(M, N, K, &abytes, &bbytes);
     bool serial = own_serial(M, N, K);
     int nbuf = serial ? 1 : 2;
-    own_job j = {.kt = kt, .ta = ta, .tb = tb, .bf = bf, .alpha = alpha, .A = A, .B = B, .lda = lda, .ldb = ldb,
+    own_job j = {.kt = kt, .ta = ta, .tb = tb, .bf = bf, .dot = bf && ct_gemm_bf16_dot(), .alpha = alpha, .A = A, .B = B, .lda = lda, .ldb = ldb,
                  .ldc = ldc, .C = C};
     _Alignas(64) float small[OWN_STACK_FLOATS]; /* small products pack on the stack */
     float *buf = small, *ap[2], *bp[2];
@@ -411,6 +420,25 @@ static ct_status own_gemm(bool ta, bool tb, bool bf, int64_t M, int64_t N, int64
     }
     if (heap) ct_free(buf);
     return CT_OK;
+}
+
+/* ---- bf16 dot instructions --------------------------------------------------------------- */
+
+static pthread_once_t dot_once = PTHREAD_ONCE_INIT;
+static bool dot_cpu; /* AVX512_BF16: CPUID leaf 7 subleaf 1, EAX bit 5 */
+
+static void dot_detect(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    unsigned a, b, c, d;
+    dot_cpu = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+#endif
+}
+
+bool ct_gemm_bf16_dot(void)
+{
+    pthread_once(&dot_once, dot_detect);
+    return dot_cpu && CT_KERNELS(ct_gemm_tables)->kernel_dot != NULL;
 }
 
 /* ---- which GEMM runs ---------------------------------------------------------------------- */

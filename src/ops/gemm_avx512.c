@@ -168,6 +168,89 @@ static void pack_b_32(float *dst, const void *B, int64_t ldb, bool tb, bool bf, 
         }
 }
 
+/* ---- bf16 operands with vdpbf16ps (AVX512_BF16): the bf16 contract of gemm_kernels.h.
+ * Panels hold bf16 pairs (k = 2p, 2p + 1) as 32-bit words: one broadcast word of A against
+ * 16 words of B gives 16 columns' two products per instruction. The target attribute lets
+ * this file build with the AVX-512 F/BW/DQ/VL options alone; it runs only where
+ * ct_gemm_bf16_dot() found the instruction. */
+
+__attribute__((target("avx512f,avx512bf16"))) static void kernel_dot_12x32(int64_t kc, const float *apf,
+                                                                           const float *bpf, float *c, int64_t ldc,
+                                                                           int m, int n, float alpha, float beta)
+{
+    const uint32_t *ap = (const uint32_t *)apf; /* pair (p, i) at ap[p * MR + i] */
+    const uint32_t *bp = (const uint32_t *)bpf; /* pair (p, j) at bp[p * NR + j] */
+    for (int i = 0; i < m; i++) {
+        _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
+        _mm_prefetch((const char *)(c + i * ldc + n - 1), _MM_HINT_T0);
+    }
+    __m512 acc[MR][2];
+#pragma GCC unroll 12
+    for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    int64_t np = (kc + 1) / 2;
+#pragma GCC unroll 2
+    for (int64_t p = 0; p < np; p++) {
+        __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp), b1 = (__m512bh)_mm512_loadu_si512(bp + 16);
+#pragma GCC unroll 12
+        for (int i = 0; i < MR; i++) {
+            __m512bh a = (__m512bh)_mm512_set1_epi32((int)ap[i]);
+            acc[i][0] = _mm512_dpbf16_ps(acc[i][0], a, b0);
+            acc[i][1] = _mm512_dpbf16_ps(acc[i][1], a, b1);
+        }
+        ap += MR;
+        bp += NR;
+    }
+    float t[MR][NR];
+#pragma GCC unroll 12
+    for (int i = 0; i < MR; i++) {
+        _mm512_storeu_ps(t[i], acc[i][0]);
+        _mm512_storeu_ps(t[i] + 16, acc[i][1]);
+    }
+    int b0 = beta == 0.0f;
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            float *q = c + i * ldc + j;
+            *q = b0 ? alpha * t[i][j] : fmaf(alpha, t[i][j], beta * *q);
+        }
+}
+
+/* Pair panels (bf16 operands only): strip s at dst16 + s * ceil(kc/2) * 2 * lanes. */
+static void pack_pairs(uint16_t *d, int lanes, const uint16_t *X, bool t, int64_t ld, int64_t rows, int64_t kc)
+{ /* element (r, k) of the strip: t ? X[k * ld + r] : X[r * ld + k] */
+    int64_t np = (kc + 1) / 2;
+    for (int64_t p = 0; p < np; p++)
+        for (int r = 0; r < lanes; r++)
+            for (int q = 0; q < 2; q++) {
+                int64_t k = 2 * p + q;
+                d[(p * lanes + r) * 2 + q] = r < rows && k < kc ? (t ? X[k * ld + r] : X[r * ld + k]) : 0;
+            }
+}
+
+static void pack_a_dot(float *dst, const void *A, int64_t lda, bool ta, bool bf, int64_t m, int64_t kc, int mr,
+                       int64_t s0, int64_t s1)
+{
+    (void)bf;
+    int64_t np = (kc + 1) / 2;
+    for (int64_t s = s0; s < s1; s++) {
+        int64_t i0 = s * mr, rows = m - i0 < mr ? m - i0 : mr;
+        const uint16_t *a = (const uint16_t *)A + (ta ? i0 : i0 * lda);
+        pack_pairs((uint16_t *)dst + s * np * 2 * mr, mr, a, ta, lda, rows, kc);
+    }
+}
+
+static void pack_b_dot(float *dst, const void *B, int64_t ldb, bool tb, bool bf, int64_t kc, int64_t n, int nr,
+                       int64_t s0, int64_t s1)
+{
+    (void)bf;
+    int64_t np = (kc + 1) / 2;
+    for (int64_t s = s0; s < s1; s++) {
+        int64_t j0 = s * nr, cols = n - j0 < nr ? n - j0 : nr;
+        const uint16_t *b = (const uint16_t *)B + (tb ? j0 * ldb : j0);
+        /* element (c, k) of the strip: op(B)(k, j0 + c) = tb ? B[c * ldb + k] : B[k * ldb + c] */
+        pack_pairs((uint16_t *)dst + s * np * 2 * nr, nr, b, !tb, ldb, cols, kc);
+    }
+}
+
 const ct_gemm_kernels ct_gemm_avx512 = {
     .name = "avx512 12x32",
     .mr = MR,
@@ -177,4 +260,7 @@ const ct_gemm_kernels ct_gemm_avx512 = {
     .kernel = kernel_12x32,
     .pack_a = pack_a_12,
     .pack_b = pack_b_32,
+    .kernel_dot = kernel_dot_12x32,
+    .pack_a_dot = pack_a_dot,
+    .pack_b_dot = pack_b_dot,
 };

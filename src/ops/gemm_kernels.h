@@ -59,7 +59,26 @@ typedef struct ct_gemm_kernels {
     ct_gemm_micro_fn kernel;
     ct_gemm_pack_a_fn pack_a;
     ct_gemm_pack_b_fn pack_b;
+    /* bf16 operands with the CPU's bf16 dot instruction (NULL where the table has none; used
+     * only where ct_gemm_bf16_dot() says the CPU has it): panels of bf16 pairs, the bf16
+     * contract below. kernel_dot takes the same arguments (ap / bp point at uint16_t). */
+    ct_gemm_micro_fn kernel_dot;
+    ct_gemm_pack_a_fn pack_a_dot;
+    ct_gemm_pack_b_fn pack_b_dot;
 } ct_gemm_kernels;
+
+/* The bf16 contract (ct_gemm_bf16 where the active table has kernel_dot and the CPU has
+ * AVX512_BF16, i.e. vdpbf16ps): within each CT_GEMM_KC slice, k is taken in pairs
+ * (2p, 2p + 1) (a slice of odd length pads its last pair with zero) and
+ *     acc = fma(a[2p+1], b[2p+1], acc); acc = fma(a[2p], b[2p], acc)
+ * for p ascending, each product exact (bf16 x bf16 fits f32), one rounding per step, input
+ * and output denormals flushed to zero (the instruction's DAZ / FTZ), starting at 0; slices
+ * and the epilogue as in the f32 contract. So the bits of a bf16 product differ from the
+ * widened f32 product's (which sums k one at a time), and from a CPU without the
+ * instruction, but never depend on the thread count or the split.
+ * Panels: ap strip of ceil(kc/2) x MR pairs, pair (p, i) at ap16[(p * MR + i) * 2 + {0, 1}]
+ * = op(A)(i, 2p), op(A)(i, 2p + 1); bp: pair (p, j) at bp16[(p * NR + j) * 2 + {0, 1}]. */
+bool ct_gemm_bf16_dot(void);
 
 /* Generic packers (gemm_scalar.c), used by every table. */
 void ct_gemm_pack_a_generic(float *dst, const void *A, int64_t lda, bool ta, bool bf, int64_t m, int64_t kc,

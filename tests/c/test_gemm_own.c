@@ -118,6 +118,44 @@ static int case_check(const gcase *g, const float *C, ct_isa isa, const char *wh
 }
 
 static int n_cases;
+static int n_dot_cases;
+
+/* DAZ / FTZ of vdpbf16ps: a denormal becomes a zero of its sign. */
+static float flush(float x)
+{
+    return fpclassify(x) == FP_SUBNORMAL ? copysignf(0.0f, x) : x;
+}
+
+static float op_at(const float *X, bool t, int64_t ld, int64_t r, int64_t c)
+{
+    return t ? X[c * ld + r] : X[r * ld + c];
+}
+
+/* The bf16 contract of gemm_kernels.h, one C element at a time, written from the
+ * instruction's definition (Intel SDM, VDPBF16PS: per 32-bit lane, the odd pair's product
+ * added first, then the even one's, each rounded once, DAZ / FTZ): K slices of CT_GEMM_KC,
+ * pairs within a slice, the f32 epilogue. g->A / g->B hold the bf16 values as f32. */
+static void emulate_dot(const gcase *g, float *out)
+{
+    memcpy(out, g->C0, 4 * g->nc);
+    for (int64_t i = 0; i < g->M; i++)
+        for (int64_t j = 0; j < g->N; j++) {
+            float *c = &out[i * g->ldc + j];
+            for (int64_t k0 = 0; k0 < g->K; k0 += CT_GEMM_KC) {
+                int64_t kb = g->K - k0 < CT_GEMM_KC ? g->K - k0 : CT_GEMM_KC;
+                float acc = 0.0f;
+                for (int64_t p = 0; p < (kb + 1) / 2; p++)
+                    for (int q = 1; q >= 0; q--) {
+                        int64_t k = 2 * p + q;
+                        float a = k < kb ? op_at(g->A, g->ta, g->lda, i, k0 + k) : 0.0f;
+                        float b = k < kb ? op_at(g->B, g->tb, g->ldb, k0 + k, j) : 0.0f;
+                        acc = flush(fmaf(flush(a), flush(b), acc));
+                    }
+                float beta = k0 == 0 ? g->beta : 1.0f;
+                *c = beta == 0.0f ? g->alpha * acc : fmaf(g->alpha, acc, beta * *c);
+            }
+        }
+}
 
 /* One case on one ISA: reference, 1/2/3/4 threads bitwise, bf16 == f32 on the widened values.
  * Leaves the 1-thread result in out. */
@@ -135,7 +173,16 @@ static void one(const gcase *g, ct_isa isa, float *out)
             describe("threads", isa, g);
         }
     }
-    if (g->bf) { /* widening while packing is exact: the same bits as the f32 product */
+    if (g->bf && ct_gemm_bf16_dot()) { /* vdpbf16ps: the bf16 contract, bit for bit */
+        float *E = malloc(4 * g->nc + 4);
+        emulate_dot(g, E);
+        if (memcmp(E, out, 4 * g->nc)) {
+            CHECK(!"bf16 dot kernel differs from the emulation of vdpbf16ps");
+            describe("bf16 dot vs emulation", isa, g);
+        }
+        n_dot_cases++;
+        free(E);
+    } else if (g->bf) { /* widening while packing is exact: the same bits as the f32 product */
         CHECK_OK(ct_set_num_threads(2));
         CHECK_OK(case_run(g, C, false));
         if (memcmp(C, out, 4 * g->nc)) {
@@ -171,7 +218,7 @@ static void isa_sweep(void)
                     if (!ct_cpu_has_isa(isas[i])) continue;
                     CHECK_OK(ct_set_isa(isas[i]));
                     one(&g, isas[i], R);
-                    if (isas[i] == CT_ISA_SCALAR) continue;
+                    if (isas[i] == CT_ISA_SCALAR || (g.bf && ct_gemm_bf16_dot())) continue; /* other contracts */
                     if (!fma_ref) {
                         fma_ref = malloc(4 * g.nc + 4);
                         memcpy(fma_ref, R, 4 * g.nc);
@@ -358,6 +405,19 @@ int main(int argc, char **argv)
     bad_args();
     isa_sweep();
     printf("test_gemm_own: %d cases\n", n_cases);
+    /* the bf16 dot kernel (AVX512_BF16) ran above, against emulate_dot, where the CPU has it */
+    bool dot = false;
+    if (ct_cpu_has_isa(CT_ISA_AVX512)) {
+        ct_isa was = ct_active_isa();
+        CHECK_OK(ct_set_isa(CT_ISA_AVX512));
+        dot = ct_gemm_bf16_dot();
+        CHECK_OK(ct_set_isa(was));
+    }
+    if (dot)
+        printf("test_gemm_own: bf16 dot (vdpbf16ps): %d cases bit for bit against its emulation\n", n_dot_cases);
+    else
+        printf("test_gemm_own: bf16 dot (vdpbf16ps) SKIPPED: %s lacks AVX512_BF16 (with AVX-512 F/BW/DQ/VL)\n",
+               ct_cpu_name());
     vs_openblas();
     CHECK_OK(ct_gemm_set_impl(CT_GEMM_AUTO));
     return t_report("test_gemm_own");
