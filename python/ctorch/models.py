@@ -408,6 +408,7 @@ def _hf_tokens(m, hf_config):
 
 lib.ct_hf_config_parse.argtypes = [ctypes.c_char_p, ctypes.c_size_t, _P(_Config), _P(_HfInfo)]
 lib.ct_gpt_load_state_dict.argtypes = [_vp, _vp]
+lib.ct_gpt_state_dict_check.argtypes = [_vp, _P(_Config)]
 
 
 def _read_config(config, path):
@@ -444,6 +445,8 @@ def _load_file(path, config):
                              "config= (a dict, JSON or a config.json path), store it in the file "
                              "under \"config\", or put config.json beside it")
         cfg, bos, eos = _read_config(src, path)
+        # names, shapes and dtypes against the configuration before the model is allocated
+        check(lib.ct_gpt_state_dict_check(f._h, ctypes.byref(_config_struct(cfg))))
         m = Model(cfg)
         # ctorch or Hugging Face names under one prefix, checked and converted by the library
         check(lib.ct_gpt_load_state_dict(m._m, f._h))

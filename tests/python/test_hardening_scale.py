@@ -12,6 +12,7 @@ import os
 import pickle
 import resource
 import struct
+import sys
 import subprocess
 import zipfile
 
@@ -218,3 +219,20 @@ def test_hf_index_bounded_by_the_configuration(tmp_path):
     r = limited("convert", d, tmp_path / "o.safetensors", mem=256 << 20, cpu=20)
     assert r.returncode == 1
     assert "model.safetensors.index.json has" in r.stderr and "21 tensors" in r.stderr, r.stderr
+
+
+def test_models_load_checks_before_the_model_is_allocated(tmp_path):
+    """ctorch.models.load of the same file: the binding checks through the library first."""
+    p = tmp_path / "sd.pt"
+    torch.save({"config": big_llama_config(), "model": {"model.embed_tokens.weight": torch.zeros(4, 4)}}, p)
+    code = ("import resource, sys\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))\n"
+            "import ctorch.models as M\n"
+            "try:\n"
+            "    M.load(sys.argv[1])\n"
+            "except Exception as e:\n"
+            "    print(type(e).__name__, e)\n")
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    r = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, text=True, env=env, timeout=300)
+    assert "[4, 4]" in r.stdout and "[128256, 8192]" in r.stdout, r.stdout + r.stderr[-2000:]
+    assert "MemoryError" not in r.stdout
