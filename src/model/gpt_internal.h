@@ -83,8 +83,9 @@ struct ct_gpt {
                         (norms, biases, anything misaligned in its file) */
     size_t own_bytes;
     uint16_t *wbf; /* dtype bf16: the matrices' bf16 copy (params[0, ndecay) rounded) */
-    bool wbf_held; /* the trainer refreshes wbf itself (each step, each evaluation); otherwise
-                      every forward refreshes it (the f32 weights may have been written) */
+    bool wbf_held; /* set by the trainer while a step's micro-batches or an evaluation run
+                      (it refreshed wbf just before); otherwise every forward refreshes it (the
+                      f32 weights may have been written since) */
 };
 
 /* ---- bf16 mixed precision (ct_gpt_options.dtype == CT_DTYPE_BF16) --------------------------- */

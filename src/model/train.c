@@ -138,7 +138,6 @@ ct_status ct_trainer_create(const ct_gpt_config *cfg, const ct_train_options *op
     mo.label_smoothing = o.label_smoothing;
     mo.dtype = o.dtype;
     ct_status s = ct_gpt_create(cfg, &mo, &t->m);
-    if (s == CT_OK) t->m->wbf_held = true; /* refreshed by each step and evaluation */
     if (s == CT_OK) s = ct_gpt_init(t->m, o.seed);
     if (s == CT_OK)
         s = ct_calloc((void **)&t->moments, 2 * (size_t)ct_gpt_num_params(t->m) * sizeof(float));
@@ -204,18 +203,28 @@ ct_status ct_trainer_step(ct_trainer *t, ct_train_step_info *info)
 {
     if (!t) return ct_error(CT_EINVAL, "ct_trainer_step: t must not be NULL");
     ct_gpt *m = t->m;
-    /* bf16: the weights' bf16 copy from the f32 master weights, once per step (after the last
-     * step's update, and anything written between steps: a load, --init-from, LoRA) */
-    if (gpt_bf16(m)) CT_TRY(gpt_bf16_refresh(m));
+    /* bf16: the weights' bf16 copy from the f32 master weights once for all the step's
+     * micro-batches (so after the last step's update and anything written since: a load,
+     * --init-from, LoRA); held while they run, released before the update so that any other
+     * forward on this model refreshes it again */
+    if (gpt_bf16(m)) {
+        CT_TRY(gpt_bf16_refresh(m));
+        m->wbf_held = true;
+    }
     ct_gpt_zero_grad(m);
     double loss = 0;
     float scale = 1.0f / (float)t->o.accum;
     for (int64_t k = 0; k < t->o.accum; k++) {
         next_batch(t);
         float l;
-        CT_TRY(ct_gpt_forward_backward(m, t->batch, t->o.batch, t->o.seq, scale, &l));
+        ct_status s = ct_gpt_forward_backward(m, t->batch, t->o.batch, t->o.seq, scale, &l);
+        if (s) {
+            m->wbf_held = false;
+            return s;
+        }
         loss += l;
     }
+    m->wbf_held = false;
     int64_t P = ct_gpt_num_params(m), D = ct_gpt_num_decayed(m);
     double norm;
     float lr = ct_lr_cosine(t->step, t->o.warmup, t->o.steps, t->o.lr, t->o.min_lr);
@@ -252,7 +261,10 @@ ct_status ct_trainer_evaluate(ct_trainer *t, float *loss)
     int64_t B = t->o.batch, T = t->o.seq, windows = (t->n_eval - 1) / T;
     if (windows < 1)
         return ct_error(CT_EINVAL, "ct_trainer_evaluate: the trainer has no held-out tokens");
-    if (gpt_bf16(t->m)) CT_TRY(gpt_bf16_refresh(t->m));
+    if (gpt_bf16(t->m)) {
+        CT_TRY(gpt_bf16_refresh(t->m));
+        t->m->wbf_held = true; /* the weights do not change while it runs */
+    }
     double sum = 0;
     int64_t batches = 0;
     for (int64_t k = 0; k < t->o.eval_batches; k++) {
@@ -262,10 +274,15 @@ ct_status ct_trainer_evaluate(ct_trainer *t, float *loss)
             memcpy(t->batch + b * (T + 1), t->eval + (w0 + b) * T,
                    (size_t)(T + 1) * sizeof(int32_t));
         float l;
-        CT_TRY(ct_gpt_forward(t->m, t->batch, nb, T, &l));
+        ct_status s = ct_gpt_forward(t->m, t->batch, nb, T, &l);
+        if (s) {
+            t->m->wbf_held = false;
+            return s;
+        }
         sum += (double)l * (double)nb;
         batches += nb;
     }
+    t->m->wbf_held = false;
     if (!batches) return ct_error(CT_EINVAL, "ct_trainer_evaluate: eval_batches is 0");
     *loss = (float)(sum / (double)batches);
     return CT_OK;

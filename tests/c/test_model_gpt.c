@@ -161,6 +161,120 @@ static void test_threads(void)
     free(ev);
 }
 
+/* dtype bf16 through the library: the same bits at 1 and 2 threads (accumulation over 2
+ * micro-batches, evaluation); losses near f32's but not equal (the GEMMs' operands rounded);
+ * the bf16 copy follows weights written between forwards; every path of the layer (q/k/v and o
+ * biases, head_dim != d_model / heads, untied head) gives gradients near f32's; bad dtypes. */
+static void test_bf16(void)
+{
+    ct_gpt_config c = tiny_config();
+    ct_train_options o = tiny_train();
+    int32_t *tr = make_tokens(200, 0), *ev = make_tokens(50, 1);
+    float loss[3][4], eval[3];
+    float *w[3];
+    int64_t P = 0;
+    int prev = ct_num_threads();
+    for (int k = 0; k < 3; k++) { /* bf16 at 1 and 2 threads, then f32 */
+        CHECK_OK(ct_set_num_threads(k == 1 ? 2 : 1));
+        o.dtype = k < 2 ? CT_DTYPE_BF16 : CT_DTYPE_F32;
+        ct_trainer *t;
+        CHECK_OK(ct_trainer_create(&c, &o, tr, 200, ev, 50, &t));
+        for (int s = 0; s < 4; s++) {
+            ct_train_step_info info;
+            CHECK_OK(ct_trainer_step(t, &info));
+            loss[k][s] = info.loss;
+        }
+        CHECK_OK(ct_trainer_evaluate(t, &eval[k]));
+        P = ct_gpt_num_params(ct_trainer_model(t));
+        w[k] = malloc((size_t)P * sizeof(float));
+        memcpy(w[k], ct_gpt_params(ct_trainer_model(t)), (size_t)P * sizeof(float));
+        ct_trainer_free(t);
+    }
+    ct_set_num_threads(prev);
+    CHECK(!memcmp(loss[0], loss[1], sizeof loss[0]));
+    CHECK(eval[0] == eval[1]);
+    CHECK(!memcmp(w[0], w[1], (size_t)P * sizeof(float)));
+    CHECK(memcmp(loss[0], loss[2], sizeof loss[0]) != 0);
+    for (int s = 0; s < 4; s++)
+        CHECK(fabsf(loss[0][s] - loss[2][s]) < 0.02f * loss[2][s]);
+    for (int k = 0; k < 3; k++)
+        free(w[k]);
+
+    /* options: the trainer's JSON keeps the dtype; bad ones are refused */
+    char *js = NULL;
+    o.dtype = CT_DTYPE_BF16;
+    CHECK_OK(ct_train_options_to_json(&o, &js));
+    CHECK(strstr(js, "\"dtype\":\"bf16\"") != NULL);
+    ct_train_options back = ct_train_options_default();
+    CHECK_OK(ct_train_options_from_json(js, &back));
+    CHECK(back.dtype == CT_DTYPE_BF16);
+    ct_free(js);
+    CHECK_STATUS(ct_train_options_from_json("{\"dtype\":\"f16\"}", &back), CT_EFORMAT);
+    CHECK(strstr(ct_last_error(), "dtype") != NULL);
+    CHECK_STATUS(ct_train_options_from_json("{\"dtype\":3}", &back), CT_EFORMAT);
+    o.dtype = CT_DTYPE_F16;
+    ct_trainer *bad = NULL;
+    CHECK_STATUS(ct_trainer_create(&c, &o, tr, 200, ev, 50, &bad), CT_EINVAL);
+    CHECK(strstr(ct_last_error(), "dtype") != NULL && !bad);
+    ct_gpt_options mo = ct_gpt_options_default();
+    mo.dtype = CT_DTYPE_I32;
+    ct_gpt *bm = NULL;
+    CHECK_STATUS(ct_gpt_create(&c, &mo, &bm), CT_EINVAL);
+    CHECK(strstr(ct_last_error(), "dtype") != NULL && !bm);
+
+    /* a model outside a trainer: weights written between forwards are seen (the copy is
+     * refreshed at every forward), and the layer's every path stays near f32 */
+    c.head_dim = 6;
+    c.qkv_bias = true;
+    c.o_bias = true;
+    c.tied = false;
+    ct_gpt *m[2];
+    float lm[2];
+    int32_t toks[2 * 9];
+    memcpy(toks, tr, sizeof toks);
+    for (int k = 0; k < 2; k++) {
+        mo = ct_gpt_options_default();
+        mo.batch = 2;
+        mo.seq = 8;
+        mo.dtype = k ? CT_DTYPE_BF16 : CT_DTYPE_F32;
+        CHECK_OK(ct_gpt_create(&c, &mo, &m[k]));
+        CHECK_OK(ct_gpt_init(m[k], 3));
+    }
+    P = ct_gpt_num_params(m[0]);
+    float l0;
+    CHECK_OK(ct_gpt_forward(m[1], toks, 2, 8, &l0));
+    for (int64_t i = 0; i < P; i++) { /* biases non-zero: their paths carry gradient */
+        float *p0 = ct_gpt_params(m[0]) + i;
+        *p0 = *p0 == 0.0f ? 0.05f * (float)((i % 7) - 3) : *p0 * 1.5f;
+        ct_gpt_params(m[1])[i] = *p0;
+    }
+    for (int k = 0; k < 2; k++) {
+        ct_gpt_zero_grad(m[k]);
+        CHECK_OK(ct_gpt_forward_backward(m[k], toks, 2, 8, 1.0f, &lm[k]));
+    }
+    CHECK(lm[1] != l0 && lm[1] != lm[0] && fabsf(lm[1] - lm[0]) < 0.02f * lm[0]);
+    for (int i = 0; i < ct_gpt_num_tensors(m[0]); i++) {
+        ct_tensor g0, g1;
+        const char *name;
+        CHECK_OK(ct_gpt_tensor(m[0], i, &name, NULL, &g0));
+        CHECK_OK(ct_gpt_tensor(m[1], i, NULL, NULL, &g1));
+        int64_t n = ct_tensor_numel(&g0);
+        double d = 0, r = 0;
+        for (int64_t j = 0; j < n; j++) {
+            double a = ((float *)g0.data)[j], b = ((float *)g1.data)[j];
+            d += (a - b) * (a - b);
+            r += a * a;
+        }
+        if (!(r > 0 && d > 0 && d < 0.05 * 0.05 * r))
+            fprintf(stderr, "test_bf16: %s: relative gradient error %.3g\n", name, sqrt(d / r));
+        CHECK(r > 0 && d > 0 && d < 0.05 * 0.05 * r);
+    }
+    ct_gpt_free(m[0]);
+    ct_gpt_free(m[1]);
+    free(tr);
+    free(ev);
+}
+
 /* Resume: 2 steps, save, a fresh trainer loads and takes steps 3 and 4: the same bits as 4
  * uninterrupted steps. Then bad checkpoints. */
 static void test_resume(void)
@@ -707,6 +821,7 @@ int main(void)
     test_config_json();
     test_rope_freqs();
     test_threads();
+    test_bf16();
     test_resume();
     test_checkpoint_validation();
     test_bad_input();
