@@ -163,7 +163,8 @@ CT_API ct_gpt_options ct_gpt_options_default(void);
 /** A model instance: parameters, gradients, activations (opaque). */
 typedef struct ct_gpt ct_gpt;
 
-/** Sizes of the four allocations, in bytes (optimizer: what a trainer adds, 2 x params). */
+/** Sizes of the four allocations, in bytes (optimizer: what a trainer adds, 2 x the f32
+ *  params; with dtype bf16, params includes the matrices' bf16 copy). */
 typedef struct ct_gpt_memory {
     size_t params, grads, activations, optimizer;
 } ct_gpt_memory;
