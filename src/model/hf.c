@@ -460,8 +460,13 @@ ct_status ct_hf_config_parse(const char *text, size_t len, ct_gpt_config *c, ct_
         c->qkv_bias = true; /* Qwen2: q/k/v biases, none on o_proj */
         c->o_bias = false;
     } else if (sliding) {
-        s = ct_error(CT_EUNSUPPORTED, "%s: \"sliding_window\" must be null (no sliding window)",
-                     what);
+        long long sw = (long long)json_integer_value(json_object_get(j, "sliding_window"));
+        s = ct_error(CT_EUNSUPPORTED,
+                     "%s: \"sliding_window\" is %lld, and it must be null (no sliding window): "
+                     "ctorch reads Mistral without one (Mistral 7B v0.2 and later write null), "
+                     "and attention limited to the last %lld tokens is not implemented for "
+                     "Hugging Face models",
+                     what, sw, sw);
         goto done;
     } else if (sliding_set && info->arch == CT_HF_LLAMA) {
         s = ct_error(CT_EFORMAT, "%s: unknown key \"sliding_window\" for Llama", what);

@@ -454,5 +454,5 @@ def test_real_model_configs(tmp_path):
         models._read_config(str(d / "config.json"), str(d))  # was: unknown key "activation_function"
     d = _saved_config(tmp_path, "mistral01", transformers.MistralConfig(**dict(M03, sliding_window=4096)),
                       "MistralForCausalLM")
-    with pytest.raises(CtorchError, match='"sliding_window" must be null'):
+    with pytest.raises(CtorchError, match='"sliding_window" is 4096, and it must be null'):
         models._read_config(str(d / "config.json"), str(d))
