@@ -547,6 +547,10 @@ const char *ct_gemm_describe(void)
         snprintf(buf, sizeof buf, "ctorch %s (openblas where a side < 32)", kn);
     else
         snprintf(buf, sizeof buf, "openblas (ctorch %s for small shapes)", kn);
+    /* bf16 operands: the dot instruction in ctorch's GEMM (its own contract), else widened */
+    size_t used = strlen(buf);
+    bool dot = ct_gemm_bf16_dot() && mode != CT_GEMM_OPENBLAS;
+    snprintf(buf + used, sizeof buf - used, ", bf16: %s", dot ? "vdpbf16ps" : "widened to f32");
     return buf;
 }
 

@@ -25,6 +25,16 @@ def test_version_names_the_gemm():
         assert "gemm: ctorch avx512 12x32 (openblas where a side < 32)" in r.stdout, r.stdout
     else:
         assert "gemm: openblas (ctorch " in r.stdout, r.stdout
+    # bf16 operands: vdpbf16ps in ctorch's GEMM where the CPU has AVX512_BF16 (with the
+    # AVX-512 kernels), else widened to f32 while packing
+    flags = set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    dot = isa == "avx512" and "avx512_bf16" in flags
+    assert ("bf16: vdpbf16ps" if dot else "bf16: widened to f32") in r.stdout, r.stdout
     r = run(["version"], CT_GEMM="ctorch")
     assert r.returncode == 0 and "gemm: ctorch " in r.stdout and "(forced)" in r.stdout, r.stdout
     r = run(["version"], CT_GEMM="openblas")
