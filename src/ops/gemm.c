@@ -15,11 +15,14 @@
  * Every output element is computed by the same calls in the same order for any thread count.
  *
  * 2. ctorch's own packed GEMM (own_*), micro-kernels per ISA behind gemm_kernels.h: C rows in
- * chunks of OWN_MCHUNK, C columns in blocks of the table's NC, K in CT_GEMM_KC slices in
- * ascending order; each (rows, columns, slice) step packs its A rows and B columns into
- * strips (threads split the strips), then the threads split the C tiles (MC rows x a group
- * of NR strips) among themselves. Each C element is written by one kernel call per slice,
- * so its bits never depend on the thread count or the split (see gemm_kernels.h). */
+ * chunks of OWN_MCHUNK_BLOCKS MC blocks, C columns in blocks of the table's NC, K in
+ * CT_GEMM_KC slices in ascending order. Each (rows, columns, slice) step packs its A rows and
+ * B columns into strips and multiplies the C tiles (MC rows x a group of NR strips). The
+ * panels are double-buffered, so one parallel region per step: each task multiplies its
+ * tiles of step s, then packs its share of step s + 1's strips; the region's end is the one
+ * barrier per slice. Each C element is written by one kernel call per slice, so its bits
+ * never depend on the thread count or the split (see gemm_kernels.h). bf16 operands use the
+ * table's dot kernel (vdpbf16ps) where the CPU has it: ct_gemm_bf16_dot(). */
 #include "core/internal.h"
 #include "ctorch/ops.h"
 
