@@ -32,6 +32,10 @@ ct_status ct_fsdp_trainer_create(ct_comm *comm, const ct_gpt_config *cfg,
     CT_TRY(ct_gpt_config_check(cfg));
     ct_train_options o = opt ? *opt : ct_train_options_default();
     CT_TRY(gpt_check_train_options(cfg, &o, fn));
+    if (o.dtype != CT_DTYPE_F32)
+        return ct_error(CT_EUNSUPPORTED, "%s: dtype %s: the sharded trainer computes in f32 (bf16 "
+                                         "is its all-gather dtype only, ct_fsdp_options)",
+                        fn, ct_dtype_name(o.dtype));
     int N = ct_comm_size(comm);
     if (o.batch % N)
         return ct_error(CT_EINVAL,
