@@ -3,8 +3,9 @@
  * it is a regular file (a FIFO, a device such as /dev/zero, a socket or a folder is refused
  * with a message naming the input and the rule); O_NONBLOCK is then cleared and the file's
  * own size bounds what is read, below a limit fitting what the file is. Side files copied
- * from a model directory are opened relative to it, must stay inside it, and keep their
- * permission bits on the copy. */
+ * from a model directory must resolve inside it, and keep their permission bits on the copy.
+ * (Compiled-mod cache entries, src/jit/compile.c, are opened relative to the cache directory
+ * with stricter checks of their own: O_NOFOLLOW, O_NONBLOCK, regular, owner and mode, size.) */
 #include "core/internal.h"
 
 #include <errno.h>
@@ -79,18 +80,6 @@ ct_status ct_file_open_regular(const char *path, const char *what, size_t max, i
     int f = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (f < 0) return ct_error(CT_EIO, "cannot open %s '%s': %s", what, path, strerror(errno));
     CT_TRY(check_opened(f, path, what, max, size));
-    *fd = f;
-    return CT_OK;
-}
-
-ct_status ct_file_openat_regular(int dfd, const char *name, int flags, const char *what,
-                                 size_t max, int *fd, size_t *size)
-{
-    *fd = -1;
-    *size = 0;
-    int f = openat(dfd, name, O_RDONLY | O_NONBLOCK | O_CLOEXEC | flags);
-    if (f < 0) return ct_error(CT_EIO, "cannot open %s '%s': %s", what, name, strerror(errno));
-    CT_TRY(check_opened(f, name, what, max, size));
     *fd = f;
     return CT_OK;
 }

@@ -50,12 +50,9 @@ static inline bool ct_add_size(size_t a, size_t b, size_t *out)
 #include <stddef.h>
 #include <stdint.h>
 #define CT_FILE_CONFIG_MAX ((size_t)16 << 20) /* config.json and other JSON side files */
-#define CT_FILE_INDEX_MAX ((size_t)64 << 20)  /* indexes, tokenizer.json side files */
+#define CT_FILE_INDEX_MAX ((size_t)64 << 20)  /* indexes and other large JSON */
 ct_status ct_file_open_regular(const char *path, const char *what, size_t max, int *fd,
                                size_t *size);
-/* The same relative to a directory descriptor; flags adds O_NOFOLLOW and the like. */
-ct_status ct_file_openat_regular(int dfd, const char *name, int flags, const char *what,
-                                 size_t max, int *fd, size_t *size);
 /* size bytes from offset 0 of an opened file into *buf (ct_alloc'd, NUL-terminated). */
 ct_status ct_file_read_fd(int fd, const char *path, const char *what, size_t size, char **buf);
 /* The whole file (at most max bytes) into *buf (ct_alloc'd, NUL-terminated after *len). */
