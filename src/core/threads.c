@@ -68,6 +68,14 @@ static inline void cpu_relax(void)
 #endif
 }
 
+/* One step of a polling loop: a few hundred pauses first (the wait is usually short), then
+ * yield the CPU between polls, so that a loaded machine runs the thread being waited for. */
+static inline void spin_pause(int i)
+{
+    if (i < 256) cpu_relax();
+    else sched_yield();
+}
+
 static int64_t now_ns(void)
 {
     struct timespec ts;
@@ -147,7 +155,7 @@ static void *worker_main(void *arg)
             int64_t t0 = now_ns();
             for (int i = 1;; i++) {
                 if (atomic_load_explicit(&q_len, memory_order_relaxed) > 0) break;
-                cpu_relax();
+                spin_pause(i);
                 if ((i & 63) == 0 && now_ns() - t0 > WORKER_SPIN_NS) {
                     spun = 1;
                     break;
@@ -249,6 +257,7 @@ void ct_parallel_for_grain(int64_t n, int64_t grain, ct_parallel_fn fn, void *ct
     j.max_helpers = (int)((int64_t)T < nchunks ? T : nchunks) - 1;
     j.prev = j.nx = NULL;
 
+    int wake = 0, wake_all = 0;
     pthread_mutex_lock(&mu);
     while (n_workers < j.max_helpers && n_workers < CT_MAX_THREADS - 1) {
         pthread_t th;
@@ -264,13 +273,18 @@ void ct_parallel_for_grain(int64_t n, int64_t grain, ct_parallel_fn fn, void *ct
         q_tail = &j;
         j.queued = 1;
         atomic_fetch_add(&q_len, 1);
-        int wake = j.max_helpers - atomic_load(&n_spinning);
-        if (wake > n_sleeping) wake = n_sleeping;
-        for (int i = 0; i < wake; i++) pthread_cond_signal(&work_cv);
+        wake = j.max_helpers - atomic_load(&n_spinning);
+        if (wake >= n_sleeping) wake = n_sleeping, wake_all = 1;
     } else {
         j.queued = 0;
     }
     pthread_mutex_unlock(&mu);
+    /* Wake outside the lock (the job is queued under it, and a worker checks the queue under
+     * it before sleeping, so no wake is lost), so the woken do not queue up on mu behind us;
+     * one broadcast when every sleeper is wanted. */
+    if (wake_all && wake > 0) pthread_cond_broadcast(&work_cv);
+    else
+        for (int i = 0; i < wake; i++) pthread_cond_signal(&work_cv);
 
     in_parallel = 1;
     run_chunks(&j, 0);
@@ -286,7 +300,7 @@ void ct_parallel_for_grain(int64_t n, int64_t grain, ct_parallel_fn fn, void *ct
     if (T <= n_cpus) {
         int64_t t0 = now_ns();
         for (int i = 1; atomic_load(&j.refs) != 0; i++) {
-            cpu_relax();
+            spin_pause(i);
             if ((i & 63) == 0 && now_ns() - t0 > CALLER_SPIN_NS) break;
         }
     }

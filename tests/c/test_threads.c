@@ -11,6 +11,7 @@
 #include "test_util.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <time.h>
 
@@ -272,11 +273,54 @@ static void bench_empty(void)
     }
 }
 
+/* All T chunks of a region must run at once (each waits for the others): the cost of
+ * waking T - 1 workers, their joining and the end-of-region wait, beside the empty region
+ * above (where the caller may finish every chunk before a worker arrives). */
+static atomic_long meet_arrived;
+static long meet_target;
+
+static void meet_body(void *p, int64_t b, int64_t e, int tid)
+{
+    (void)p, (void)tid;
+    for (int64_t i = b; i < e; i++) {
+        atomic_fetch_add(&meet_arrived, 1);
+        for (int k = 0; atomic_load(&meet_arrived) < meet_target; k++)
+            if (k > 64) sched_yield();
+    }
+}
+
+static void bench_meet(void)
+{
+    const int Ts[] = {2, 4, 8, 16};
+    printf("region whose T chunks meet (T threads run at once): median of 5 runs of 2000\n");
+    for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++) {
+        ct_set_num_threads(Ts[a]);
+        double r[5];
+        for (int k = 0; k < 5; k++) {
+            double t0 = now_s();
+            for (int i = 0; i < 2000; i++) {
+                meet_target += Ts[a];
+                ct_parallel_for(Ts[a], meet_body, NULL);
+            }
+            r[k] = (now_s() - t0) / 2000;
+        }
+        for (int i = 0; i < 5; i++)
+            for (int k = i + 1; k < 5; k++)
+                if (r[k] < r[i]) {
+                    double t = r[i];
+                    r[i] = r[k];
+                    r[k] = t;
+                }
+        printf("  %2d threads: %8.2f us per region\n", Ts[a], r[2] * 1e6);
+    }
+}
+
 int main(int argc, char **argv)
 {
     int saved = ct_num_threads();
     if (argc > 1 && strcmp(argv[1], "--bench") == 0) {
         bench_empty();
+        bench_meet();
         return 0;
     }
     test_coverage();
