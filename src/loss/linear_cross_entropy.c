@@ -1,14 +1,22 @@
 /*
- * Fused linear + cross-entropy. Tokens are processed in chunks of nc rows; each chunk's
- * logits are computed into a tile L[nc, vc] of the scratch budget:
- *   - when vc == V (full rows fit), forward_backward needs three GEMMs: L = h W^T, then
- *     each row of L is turned into its gradient G in one visit (statistics, loss and
- *     gradient while the row is in cache), dh = G W and dW += G^T h;
- *   - otherwise a first pass over the vocabulary tiles gathers each row's online
- *     logsumexp, and a second pass recomputes each tile and turns it into gradients.
- * bf16 operands are converted to f32 in blocks (h per chunk, W per block of wsub rows),
- * never as a whole [V, D] copy. dW and db are accumulated in f32 in a fixed order (chunks
- * in sequence, OpenBLAS never splits K), so results are the same bits for any thread count.
+ * Fused linear + cross-entropy. Logits live only in a tile L[nb, vt] of the scratch budget:
+ * tokens in blocks of nb rows (all N when the budget allows), the vocabulary in tiles of vt
+ * columns. For each token block:
+ *   pass 1 (forward): for each vocabulary tile t = 0..T-1, L = h W[t]^T and each row's online
+ *     logsumexp statistics; then per row its lse, loss and z term;
+ *   pass 2 (backward): for each tile t = T-1..0, L = h W[t]^T again (the last tile of pass 1
+ *     is still in L and is not recomputed), turned into the gradient G in place, then
+ *     dW[t] = G^T h (written, beta 0, for the first block: with one block the weight
+ *     gradient is written exactly once per step), dh += G W[t] (tiles in that fixed order),
+ *     db[t] += column sums of G.
+ * With T = 1 (full-vocabulary rows fit) one visit per row does statistics, loss and gradient
+ * and a step is three GEMMs; otherwise four (the logits twice). The tiling favours big token
+ * blocks (the weight gradient crosses memory once per block) and tiles wide enough that every
+ * GEMM (nb x vt x D) splits well over the threads (lce_tiling_choose).
+ * bf16 operands are converted to f32 in blocks (h per token block, W per block of wsub rows),
+ * never as a whole [V, D] copy. Row kernels run in parallel over rows (each row
+ * independent), bias sums over columns (rows in order), the GEMMs are deterministic and
+ * every sum has a fixed order: results are the same bits for any thread count.
  */
 #include "loss/ce_core.h"
 #include "ops/gemm.h"
@@ -16,26 +24,38 @@
 #include "ctorch/ops.h"
 
 #include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+/* Tiling preferences (see lce_tiling_choose). */
+#define LCE_ROWS_PER_CPU 16 /* full-vocabulary rows: blocks of at least this many rows per online CPU */
+#define LCE_ROWS_MIN 32     /* ... and at least this many, */
+#define LCE_ROWS_MAX 1024   /* ... and never more than this many required */
+#define LCE_VT_MIN 256      /* vocabulary tiles at least this wide when token blocks must shrink */
+#define LCE_NB_TINY 32      /* token rows of a block when the budget is too small for the above */
 
 typedef struct lce {
     ce_plan p;
     const ct_lce_inputs *in;
     bool bf16;
-    int64_t nc, vc, wsub;
+    int64_t nb, vt, wsub; /* token block rows, vocabulary tile columns (L's row stride), bf16 W rows */
     float *scratch;
-    float *L;      /* [nc, vc] */
-    float *hbuf;   /* [nc, D] (bf16 only) */
-    float *wbuf;   /* [wsub, D] (bf16 only) */
-    ce_row *rows;  /* [nc] */
-    float *lse_c;  /* [nc] */
-    float *loss_c; /* [nc] */
-    float *z_c;    /* [nc] */
-    /* per-pass parameters of the row kernels */
-    int64_t n0, cur_nc, v0, cur_vc;
-    const float *lse;   /* lse for the rows of the current chunk */
+    float *L;             /* [nb, vt] */
+    float *hbuf;          /* [nb, D] (bf16 only) */
+    float *wbuf;          /* [wsub, D] (bf16 only) */
+    int64_t wbuf_s0, wbuf_sw; /* the W rows wbuf holds (sw 0: none) */
+    ce_row *rows;         /* [nb] */
+    float *lse_c;         /* [nb] */
+    float *loss_c;        /* [nb] */
+    float *z_c;           /* [nb] */
+    /* per-step parameters of the row kernels */
+    int64_t n0, cur_nb, v0, cur_vt;
+    const float *lse;     /* lse of the current block's rows */
     const float *dloss;
     float *dbias;
+    bool db_add;          /* add the column sums to dbias (else write them) */
 } lce;
 
 static ct_status lce_check(const char *fn, const ct_lce_inputs *in)
@@ -52,59 +72,136 @@ static ct_status lce_check(const char *fn, const ct_lce_inputs *in)
 }
 
 typedef struct {
-    int64_t nc, vc, wsub;
+    int64_t nb, vt, wsub;
 } lce_tiling;
+
+/* Bytes per token row of a block besides its logits: row state (and h as f32 for bf16). */
+static size_t row_bytes(int64_t D, bool bf16)
+{
+    return sizeof(ce_row) + 3 * sizeof(float) + (bf16 ? (size_t)D * sizeof(float) : 0);
+}
 
 static size_t tiling_bytes(const lce_tiling *t, int64_t D, bool bf16)
 {
-    size_t floats = (size_t)t->nc * (size_t)t->vc + (bf16 ? (size_t)t->nc * D + (size_t)t->wsub * D : 0) +
-                    3 * (size_t)t->nc;
-    return floats * 4 + (size_t)t->nc * sizeof(ce_row);
+    return (size_t)t->nb * (size_t)t->vt * sizeof(float) + (size_t)t->nb * row_bytes(D, bf16) +
+           (bf16 ? (size_t)t->wsub * (size_t)D * sizeof(float) : 0);
 }
 
-/* Scratch the three GEMMs of a chunk may take themselves (ops/gemm.h). */
+/* Scratch the three GEMMs of a step may take themselves (ops/gemm.h). */
 static size_t tiling_gemm_bytes(const lce_tiling *t, int64_t D, bool bf16)
 {
-    int64_t step = bf16 ? t->wsub : t->vc;
-    size_t a = ct_gemm_scratch_bytes(t->nc, step, D), b = ct_gemm_scratch_bytes(t->nc, D, step);
-    size_t d = ct_gemm_scratch_bytes(step, D, t->nc);
+    int64_t step = bf16 ? t->wsub : t->vt;
+    size_t a = ct_gemm_scratch_bytes(t->nb, step, D), b = ct_gemm_scratch_bytes(t->nb, D, step);
+    size_t d = ct_gemm_scratch_bytes(step, D, t->nb);
     return a > b ? (a > d ? a : d) : (b > d ? b : d);
 }
 
-/* Tiles for a budget, reserving `extra` bytes per token row: full-vocabulary rows when at
- * least 16 (or N) of them fit, else 32 rows and as many vocabulary columns as fit. */
-static bool tiling_for(lce_tiling *t, int64_t N, int64_t D, int64_t V, bool bf16, size_t budget, size_t extra)
+/* bf16: W rows converted at a time for tiles of vt columns: the whole tile, or blocks of
+ * at most a quarter of the budget. */
+static int64_t wsub_for(int64_t vt, int64_t D, size_t budget)
 {
-    int64_t wsub = 0; /* bf16 weight rows converted at a time: 256, or less (a quarter of the budget) */
-    if (bf16) {
-        int64_t cap = D ? (int64_t)(budget / (16 * (size_t)D)) : 256;
-        wsub = V < 256 ? V : 256;
-        if (wsub > cap) wsub = cap < 8 ? 8 : cap;
-        if (wsub > V) wsub = V;
+    int64_t cap = D ? (int64_t)(budget / (16 * (size_t)D)) : vt;
+    if (cap < 8) cap = 8;
+    if (vt <= cap) return vt;
+    int64_t k = (vt + cap - 1) / cap; /* equal blocks */
+    return (vt + k - 1) / k;
+}
+
+/* Token rows that fit in `budget` beside tiles of vt columns. */
+static int64_t rows_fit(int64_t vt, int64_t D, bool bf16, size_t budget, size_t extra)
+{
+    size_t w = bf16 ? (size_t)wsub_for(vt, D, budget) * (size_t)D * sizeof(float) : 0;
+    if (budget <= w) return 0;
+    return (int64_t)((budget - w) / ((size_t)vt * sizeof(float) + row_bytes(D, bf16) + extra));
+}
+
+/* Widest tile for blocks of nb rows in `budget`. */
+static int64_t cols_fit(int64_t nb, int64_t D, bool bf16, size_t budget, size_t extra)
+{
+    size_t fixed = (size_t)nb * (row_bytes(D, bf16) + extra);
+    if (budget <= fixed) return 0;
+    size_t avail = budget - fixed;
+    if (!bf16) return (int64_t)(avail / ((size_t)nb * sizeof(float)));
+    int64_t cap = D ? (int64_t)(budget / (16 * (size_t)D)) : INT32_MAX;
+    if (cap < 8) cap = 8;
+    int64_t vt = (int64_t)(avail / ((size_t)nb * sizeof(float) + (size_t)D * sizeof(float))); /* whole tile in wbuf */
+    if (vt <= cap) return vt;
+    size_t w = (size_t)cap * (size_t)D * sizeof(float); /* blocks of cap rows (or fewer) */
+    return avail > w ? (int64_t)((avail - w) / ((size_t)nb * sizeof(float))) : 0;
+}
+
+/* n split into blocks of at most b: equal blocks of the smallest count. */
+static int64_t balanced(int64_t n, int64_t b)
+{
+    int64_t k = (n + b - 1) / b;
+    return (n + k - 1) / k;
+}
+
+/* Smallest block of full-vocabulary rows worth a step of three GEMMs, from the machine (the
+ * online CPUs, never the thread count in use: the tiling and so the bits must not depend on
+ * it). Full rows save a GEMM (the logits are computed once) but each block adds one read and
+ * write of the [V, D] weight gradient (an nb-deep GEMM update); vocabulary tiles over big
+ * token blocks write it once but compute the logits twice. Measured on 2 cores (docs/
+ * architecture.md, "Fused linear + cross-entropy"): full rows in blocks of ~110 rows took
+ * 0.75-0.8x the time of the tiles; the weight gradient's traffic weighs more as cores share
+ * the memory, so the threshold grows with the CPUs (2: 32 rows, 16: 256). CT_LCE_ROWS_MIN=n
+ * (n > 0) overrides it, for benchmarks. */
+static int64_t lce_rows_min(void)
+{
+    static _Atomic int64_t cached;
+    int64_t r = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (r) return r;
+    const char *e = getenv("CT_LCE_ROWS_MIN");
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    r = (int64_t)(cpus > 0 ? cpus : 1) * LCE_ROWS_PER_CPU;
+    r = r < LCE_ROWS_MIN ? LCE_ROWS_MIN : r > LCE_ROWS_MAX ? LCE_ROWS_MAX : r;
+    if (e) { /* a positive count overrides the rule (benchmarks); anything else is ignored */
+        char *end;
+        long long v = strtoll(e, &end, 10);
+        if (end != e && *end == '\0' && v > 0) r = v;
     }
-    size_t wbytes = (size_t)wsub * (size_t)D * 4;
-    size_t per_row = (bf16 ? (size_t)D * 4 : 0) + sizeof(ce_row) + 3 * 4 + extra;
-    int64_t nmin = N < 16 ? N : 16, nc = 0, vc = 0;
-    if (budget > wbytes) nc = (int64_t)((budget - wbytes) / ((size_t)V * 4 + per_row));
-    if (nc >= nmin) {
-        vc = V;
-        if (nc > N) nc = N;
+    atomic_store_explicit(&cached, r, memory_order_relaxed);
+    return r;
+}
+
+/* The tiling for a budget, reserving `extra` bytes per token row:
+ *   1. full-vocabulary rows when all N rows fit, or blocks of at least lce_rows_min() rows
+ *      (three GEMMs a step; the weight gradient crosses memory once per block);
+ *   2. else the biggest token block beside tiles of LCE_VT_MIN columns (all N rows when they
+ *      fit), then the widest tile beside that block (four GEMMs, each nb x vt x D);
+ *   3. a budget too small for either: blocks of LCE_NB_TINY rows and the widest tile.
+ * Blocks and tiles are then evened out (equal sizes of the same count). */
+static bool lce_tiling_choose(lce_tiling *t, int64_t N, int64_t D, int64_t V, bool bf16, size_t budget,
+                              size_t extra)
+{
+    int64_t nb, vt;
+    int64_t full = rows_fit(V, D, bf16, budget, extra);
+    int64_t rows_min = lce_rows_min();
+    if (full >= N || full >= rows_min) {
+        nb = full < N ? full : N;
+        vt = V;
     } else {
-        nc = N < 32 ? N : 32;
-        size_t fixed = wbytes + (size_t)nc * per_row;
-        vc = budget > fixed ? (int64_t)((budget - fixed) / ((size_t)nc * 4)) : 0;
-        if (vc < 8) return false;
-        if (vc > V) vc = V;
-        if (wsub > vc) wsub = vc;
+        int64_t vmin = V < LCE_VT_MIN ? V : LCE_VT_MIN;
+        nb = rows_fit(vmin, D, bf16, budget, extra);
+        int64_t floor_rows = N < LCE_NB_TINY ? N : LCE_NB_TINY;
+        if (nb < floor_rows) nb = floor_rows;
+        if (nb > N) nb = N;
+        nb = balanced(N, nb);
+        vt = cols_fit(nb, D, bf16, budget, extra);
+        if (vt < 8 && vt < V) return false;
+        if (vt > V) vt = V;
     }
-    t->nc = nc;
-    t->vc = vc;
-    t->wsub = wsub;
+    if (nb < 1) return false;
+    nb = balanced(N, nb);
+    vt = balanced(V, vt);
+    t->nb = nb;
+    t->vt = vt;
+    t->wsub = bf16 ? wsub_for(vt, D, budget) : 0;
     return true;
 }
 
-/* Choose the tiling and allocate the scratch: tiles, row state, the bf16 conversion blocks,
- * and room for the GEMMs' own partial sums, all within opt->scratch_bytes. */
+/* Choose the tiling and allocate the scratch: the tile, row state, the bf16 conversion
+ * blocks, and room for the GEMMs' own scratch, all within opt->scratch_bytes. */
 static ct_status lce_setup(lce *c, const char *fn, const ct_lce_inputs *in, const ct_ce_options *o)
 {
     memset(c, 0, sizeof *c);
@@ -118,89 +215,124 @@ static ct_status lce_setup(lce *c, const char *fn, const ct_lce_inputs *in, cons
     size_t budget = o->scratch_bytes ? o->scratch_bytes : CT_DEFAULT_SCRATCH_BYTES;
     lce_tiling t;
     bool ok = false;
-    /* First reserve the dh GEMM's partial sums per row; small budgets (small tiles, where
-     * no GEMM splits K) go without the reservation. */
+    /* First without, then with a reservation per row for the GEMMs' K-split partial sums
+     * (ops/gemm.h) should the first attempts not converge. */
     for (int pass = 0; pass < 2 && !ok; pass++) {
-        /* ctorch's GEMM packs panels that grow with the tile: shrink the tiles' share of the
-         * budget by what the GEMMs overshoot, a few times */
+        /* the GEMMs' packed panels grow with the tile: shrink the tiles' share of the budget
+         * by what the GEMMs overshoot, a few times */
         size_t share = budget;
         for (int shrink = 0; shrink < 16 && !ok; shrink++) {
-            if (!tiling_for(&t, N, D, V, c->bf16, share, pass ? 0 : CT_GEMM_SCRATCH_PER_ROW(D))) break;
+            if (!lce_tiling_choose(&t, N, D, V, c->bf16, share, pass ? CT_GEMM_SCRATCH_PER_ROW(D) : 0)) break;
             size_t need = tiling_bytes(&t, D, c->bf16) + tiling_gemm_bytes(&t, D, c->bf16);
             ok = need <= budget;
             if (!ok) share = need - budget < share / 2 ? share - (need - budget) : share / 2;
         }
     }
     if (!ok) {
-        lce_tiling m = {N < 32 ? N : 32, V < 8 ? V : 8, c->bf16 ? (V < 8 ? V : 8) : 0};
+        lce_tiling m = {N < LCE_NB_TINY ? N : LCE_NB_TINY, V < 8 ? V : 8, c->bf16 ? (V < 8 ? V : 8) : 0};
         return ct_error(CT_EINVAL, "%s: scratch_bytes = %zu is too small for D = %lld; give at least %zu", fn,
                         budget, (long long)D, tiling_bytes(&m, D, c->bf16) + tiling_gemm_bytes(&m, D, c->bf16));
     }
-    c->nc = t.nc;
-    c->vc = t.vc;
+    c->nb = t.nb;
+    c->vt = t.vt;
     c->wsub = t.wsub;
     CT_TRY(ct_alloc((void **)&c->scratch, tiling_bytes(&t, D, c->bf16)));
     float *q = c->scratch;
-    c->L = q, q += (size_t)t.nc * t.vc;
+    c->L = q, q += (size_t)t.nb * t.vt;
     if (c->bf16) {
-        c->hbuf = q, q += (size_t)t.nc * D;
+        c->hbuf = q, q += (size_t)t.nb * D;
         c->wbuf = q, q += (size_t)t.wsub * D;
     }
-    c->lse_c = q, q += t.nc;
-    c->loss_c = q, q += t.nc;
-    c->z_c = q, q += t.nc;
+    c->lse_c = q, q += t.nb;
+    c->loss_c = q, q += t.nb;
+    c->z_c = q, q += t.nb;
     c->rows = (ce_row *)q;
     return CT_OK;
 }
 
-static const float *chunk_h(lce *c, int64_t n0, int64_t nc)
+/* Rows n0..n0+nb of h as f32 (a pointer into h, or converted into hbuf). */
+static const float *block_h(lce *c, int64_t n0, int64_t nb)
 {
     int64_t D = c->in->D;
     if (!c->bf16) return (const float *)c->in->h + n0 * D;
-    ct_convert_bf16_to_f32(c->hbuf, (const uint16_t *)c->in->h + n0 * D, (size_t)(nc * D));
+    ct_convert_bf16_to_f32(c->hbuf, (const uint16_t *)c->in->h + n0 * D, (size_t)(nb * D));
     return c->hbuf;
 }
 
-/* Rows s0..s0+sw of W as f32 (a pointer into W, or converted into wbuf). */
+/* Rows s0..s0+sw of W as f32 (a pointer into W, or converted into wbuf unless it holds them). */
 static const float *weight_rows(lce *c, int64_t s0, int64_t sw)
 {
     int64_t D = c->in->D;
     if (!c->bf16) return (const float *)c->in->weight + s0 * D;
-    ct_convert_bf16_to_f32(c->wbuf, (const uint16_t *)c->in->weight + s0 * D, (size_t)(sw * D));
+    if (c->wbuf_sw != sw || c->wbuf_s0 != s0) {
+        ct_convert_bf16_to_f32(c->wbuf, (const uint16_t *)c->in->weight + s0 * D, (size_t)(sw * D));
+        c->wbuf_s0 = s0;
+        c->wbuf_sw = sw;
+    }
     return c->wbuf;
 }
 
-/* L[0:nc, 0:vc] = hc W[v0:v0+vc]^T */
-static ct_status tile_logits(lce *c, const float *hc, int64_t nc, int64_t v0, int64_t vc)
+/* L[0:nb, 0:vc] = hc W[v0:v0+vc]^T */
+static ct_status tile_logits(lce *c, const float *hc, int64_t nb, int64_t v0, int64_t vc)
 {
     int64_t D = c->in->D, step = c->bf16 ? c->wsub : vc;
     for (int64_t s0 = v0; s0 < v0 + vc; s0 += step) {
         int64_t sw = v0 + vc - s0 < step ? v0 + vc - s0 : step;
-        CT_TRY(ct_gemm_f32(false, true, nc, sw, D, 1.0f, hc, D, weight_rows(c, s0, sw), D, 0.0f,
-                           c->L + (s0 - v0), c->vc));
+        CT_TRY(ct_gemm_f32(false, true, nb, sw, D, 1.0f, hc, D, weight_rows(c, s0, sw), D, 0.0f,
+                           c->L + (s0 - v0), c->vt));
     }
     return CT_OK;
 }
 
+static void rows_begin(void *arg, int64_t r0, int64_t r1, int tid)
+{
+    (void)tid;
+    lce *c = arg;
+    for (int64_t r = r0; r < r1; r++) ce_row_begin(&c->rows[r]);
+}
+
 static void rows_stats(void *arg, int64_t r0, int64_t r1, int tid)
 {
+    (void)tid;
     lce *c = arg;
     for (int64_t r = r0; r < r1; r++) {
-        float *z = c->L + r * c->vc;
+        float *z = c->L + r * c->vt;
         int64_t y = ce_target(&c->p, c->n0 + r);
-        ce_row_prep(&c->p, z, c->v0, c->cur_vc);
-        ce_row_stats(&c->p, &c->rows[r], z, c->v0, c->cur_vc, y);
+        ce_row_prep(&c->p, z, c->v0, c->cur_vt);
+        ce_row_stats(&c->p, &c->rows[r], z, c->v0, c->cur_vt, y);
     }
 }
 
+static void rows_finish(void *arg, int64_t r0, int64_t r1, int tid)
+{
+    (void)tid;
+    lce *c = arg;
+    for (int64_t r = r0; r < r1; r++)
+        ce_row_finish(&c->p, &c->rows[r], ce_target(&c->p, c->n0 + r), &c->lse_c[r], &c->loss_c[r], &c->z_c[r]);
+}
+
+/* A freshly computed tile: prepare it (bias, softcap) and turn it into gradients. */
 static void rows_grad(void *arg, int64_t r0, int64_t r1, int tid)
 {
+    (void)tid;
     lce *c = arg;
     for (int64_t r = r0; r < r1; r++) {
-        float *z = c->L + r * c->vc;
+        float *z = c->L + r * c->vt;
         int64_t n = c->n0 + r, y = ce_target(&c->p, n);
-        ce_row_prep(&c->p, z, c->v0, c->cur_vc);
-        ce_row_grad(&c->p, z, c->v0, c->cur_vc, y, c->lse[r], ce_row_scale(&c->p, c->dloss, n));
+        ce_row_prep(&c->p, z, c->v0, c->cur_vt);
+        ce_row_grad(&c->p, z, c->v0, c->cur_vt, y, c->lse[r], ce_row_scale(&c->p, c->dloss, n));
+    }
+}
+
+/* The last tile of pass 1, still in L and already prepared: gradients only. */
+static void rows_grad_prepared(void *arg, int64_t r0, int64_t r1, int tid)
+{
+    (void)tid;
+    lce *c = arg;
+    for (int64_t r = r0; r < r1; r++) {
+        float *z = c->L + r * c->vt;
+        int64_t n = c->n0 + r, y = ce_target(&c->p, n);
+        ce_row_grad(&c->p, z, c->v0, c->cur_vt, y, c->lse[r], ce_row_scale(&c->p, c->dloss, n));
     }
 }
 
@@ -208,10 +340,11 @@ static void rows_grad(void *arg, int64_t r0, int64_t r1, int tid)
  * while the row (V floats) is still in cache, instead of one sweep of L per step. */
 static void rows_full(void *arg, int64_t r0, int64_t r1, int tid)
 {
+    (void)tid;
     lce *c = arg;
     int64_t V = c->p.V;
     for (int64_t r = r0; r < r1; r++) {
-        float *z = c->L + r * c->vc;
+        float *z = c->L + r * c->vt;
         int64_t n = c->n0 + r, y = ce_target(&c->p, n);
         ce_row_prep(&c->p, z, 0, V);
         ce_row_begin(&c->rows[r]);
@@ -221,88 +354,110 @@ static void rows_full(void *arg, int64_t r0, int64_t r1, int tid)
     }
 }
 
-/* db[v0 + j] += sum over rows of G[r, j]: threads own columns, rows in order. */
+/* db[v0 + j] (+)= sum over the block's rows of G[r, j]: threads own columns, rows in order. */
 static void cols_bias(void *arg, int64_t j0, int64_t j1, int tid)
 {
+    (void)tid;
     lce *c = arg;
     float *db = c->dbias + c->v0;
-    for (int64_t r = 0; r < c->cur_nc; r++) {
-        const float *g = c->L + r * c->vc;
+    if (!c->db_add) memset(db + j0, 0, (size_t)(j1 - j0) * sizeof(float));
+    for (int64_t r = 0; r < c->cur_nb; r++) {
+        const float *g = c->L + r * c->vt;
         for (int64_t j = j0; j < j1; j++) db[j] += g[j];
     }
 }
 
-/* Pass A over every vocabulary tile of a chunk: lse, loss and z term per row. */
-static ct_status chunk_forward(lce *c, const float *hc, int64_t n0, int64_t nc)
+static int64_t tile_count(const lce *c)
 {
-    for (int64_t r = 0; r < nc; r++) ce_row_begin(&c->rows[r]);
+    return (c->p.V + c->vt - 1) / c->vt;
+}
+
+/* Pass 1 over every vocabulary tile of a block: lse, loss and z term per row. The last
+ * tile's prepared logits stay in L. */
+static ct_status block_forward(lce *c, const float *hc, int64_t n0, int64_t nb)
+{
     c->n0 = n0;
-    c->cur_nc = nc;
-    for (int64_t v0 = 0; v0 < c->p.V; v0 += c->vc) {
-        int64_t vc = c->p.V - v0 < c->vc ? c->p.V - v0 : c->vc;
-        CT_TRY(tile_logits(c, hc, nc, v0, vc));
+    c->cur_nb = nb;
+    ct_parallel_for(nb, rows_begin, c);
+    for (int64_t v0 = 0; v0 < c->p.V; v0 += c->vt) {
+        int64_t vc = c->p.V - v0 < c->vt ? c->p.V - v0 : c->vt;
+        CT_TRY(tile_logits(c, hc, nb, v0, vc));
         c->v0 = v0;
-        c->cur_vc = vc;
-        ct_parallel_for(nc, rows_stats, c);
+        c->cur_vt = vc;
+        ct_parallel_for(nb, rows_stats, c);
     }
-    for (int64_t r = 0; r < nc; r++)
-        ce_row_finish(&c->p, &c->rows[r], ce_target(&c->p, n0 + r), &c->lse_c[r], &c->loss_c[r], &c->z_c[r]);
+    ct_parallel_for(nb, rows_finish, c);
     return CT_OK;
 }
 
-/* Pass B: gradients of a chunk. With ready, L already holds the gradient of the single
- * full-vocabulary tile (rows_full did it); otherwise each tile is recomputed. */
-static ct_status chunk_backward(lce *c, const ct_lce_grads *g, const float *hc, int64_t n0, int64_t nc,
-                                const float *lse, const float *dloss, bool ready)
+/* How L enters pass 2's last tile (the first one it visits). */
+typedef enum { TILE_RECOMPUTE, TILE_PREPARED, TILE_GRADIENT } tile_state;
+
+/* Pass 2: gradients of a block, tiles in reverse order. `last` says what L holds for the last
+ * tile: nothing (recompute it), its prepared logits (pass 1 just ran), or its gradient
+ * (rows_full did it). */
+static ct_status block_backward(lce *c, const ct_lce_grads *g, const float *hc, int64_t n0, int64_t nb,
+                                const float *lse, const float *dloss, tile_state last)
 {
-    int64_t D = c->in->D;
+    int64_t D = c->in->D, V = c->p.V, T = tile_count(c);
     c->n0 = n0;
-    c->cur_nc = nc;
+    c->cur_nb = nb;
     c->lse = lse;
     c->dloss = dloss;
     c->dbias = g->dbias;
+    c->db_add = g->accumulate || n0 > 0;
     float *dh = g->dh ? g->dh + n0 * D : NULL;
-    for (int64_t v0 = 0; v0 < c->p.V; v0 += c->vc) {
-        int64_t vc = c->p.V - v0 < c->vc ? c->p.V - v0 : c->vc;
+    float dw_beta = g->accumulate || n0 > 0 ? 1.0f : 0.0f;
+    bool dh_first = true;
+    for (int64_t t = T - 1; t >= 0; t--) {
+        int64_t v0 = t * c->vt, vc = V - v0 < c->vt ? V - v0 : c->vt;
         c->v0 = v0;
-        c->cur_vc = vc;
-        if (!ready) {
-            CT_TRY(tile_logits(c, hc, nc, v0, vc));
-            ct_parallel_for(nc, rows_grad, c);
+        c->cur_vt = vc;
+        tile_state st = t == T - 1 ? last : TILE_RECOMPUTE;
+        if (st == TILE_RECOMPUTE) {
+            CT_TRY(tile_logits(c, hc, nb, v0, vc));
+            ct_parallel_for(nb, rows_grad, c);
+        } else if (st == TILE_PREPARED) {
+            ct_parallel_for(nb, rows_grad_prepared, c);
         }
         if (g->dbias) ct_parallel_for(vc, cols_bias, c);
+        if (!dh && !g->dweight) continue;
         int64_t step = c->bf16 ? c->wsub : vc;
-        for (int64_t s0 = v0; s0 < v0 + vc; s0 += step) {
-            int64_t sw = v0 + vc - s0 < step ? v0 + vc - s0 : step;
-            if (!g->dh && !g->dweight) break;
+        /* sub-blocks last to first: with bf16 the last one converted is still in wbuf */
+        int64_t nsub = (vc + step - 1) / step;
+        for (int64_t k = nsub - 1; k >= 0; k--) {
+            int64_t s0 = v0 + k * step, sw = v0 + vc - s0 < step ? v0 + vc - s0 : step;
             const float *Gs = c->L + (s0 - v0);
-            const float *Ws = g->dh ? weight_rows(c, s0, sw) : NULL;
-            if (dh) CT_TRY(ct_gemm_f32(false, false, nc, D, sw, 1.0f, Gs, c->vc, Ws, D, 1.0f, dh, D));
+            if (dh) {
+                float beta = dh_first && !g->accumulate ? 0.0f : 1.0f;
+                CT_TRY(ct_gemm_f32(false, false, nb, D, sw, 1.0f, Gs, c->vt, weight_rows(c, s0, sw), D, beta, dh, D));
+                dh_first = false;
+            }
             if (g->dweight)
-                CT_TRY(ct_gemm_f32(true, false, sw, D, nc, 1.0f, Gs, c->vc, hc, D, 1.0f, g->dweight + s0 * D, D));
+                CT_TRY(ct_gemm_f32(true, false, sw, D, nb, 1.0f, Gs, c->vt, hc, D, dw_beta, g->dweight + s0 * D, D));
         }
     }
     return CT_OK;
 }
 
+/* No token rows: the gradients that are not accumulated are zero. */
 static void zero_grads(const ct_lce_grads *g, const ct_lce_inputs *in)
 {
     if (g->accumulate) return;
-    if (g->dh) memset(g->dh, 0, (size_t)(in->N * in->D) * sizeof(float));
     if (g->dweight) memset(g->dweight, 0, (size_t)(in->V * in->D) * sizeof(float));
     if (g->dbias) memset(g->dbias, 0, (size_t)in->V * sizeof(float));
 }
 
-/* Write a chunk's per-row outputs; accumulate the sums in row order. */
-static void chunk_outputs(lce *c, const ct_ce_outputs *out, int64_t n0, int64_t nc, double *ls, double *zs)
+/* Write a block's per-row outputs; accumulate the sums in row order. */
+static void block_outputs(lce *c, const ct_ce_outputs *out, int64_t n0, int64_t nb, double *ls, double *zs)
 {
-    if (out->lse) memcpy(out->lse + n0, c->lse_c, (size_t)nc * sizeof(float));
+    if (out->lse) memcpy(out->lse + n0, c->lse_c, (size_t)nb * sizeof(float));
     if (c->p.o->reduction == CT_REDUCTION_NONE) {
-        memcpy(out->loss + n0, c->loss_c, (size_t)nc * sizeof(float));
-        if (out->z_loss) memcpy(out->z_loss + n0, c->z_c, (size_t)nc * sizeof(float));
+        memcpy(out->loss + n0, c->loss_c, (size_t)nb * sizeof(float));
+        if (out->z_loss) memcpy(out->z_loss + n0, c->z_c, (size_t)nb * sizeof(float));
         return;
     }
-    for (int64_t r = 0; r < nc; r++) {
+    for (int64_t r = 0; r < nb; r++) {
         *ls += c->loss_c[r];
         *zs += c->z_c[r];
     }
@@ -326,18 +481,17 @@ ct_status ct_linear_cross_entropy_forward(const ct_ce_outputs *out, const ct_lce
     CT_TRY(lce_setup(&c, fn, in, opt));
     ct_status s = CT_OK;
     double ls = 0, zs = 0;
-    for (int64_t n0 = 0; n0 < in->N && s == CT_OK; n0 += c.nc) {
-        int64_t nc = in->N - n0 < c.nc ? in->N - n0 : c.nc;
-        s = chunk_forward(&c, chunk_h(&c, n0, nc), n0, nc);
-        if (s == CT_OK) chunk_outputs(&c, out, n0, nc, &ls, &zs);
+    for (int64_t n0 = 0; n0 < in->N && s == CT_OK; n0 += c.nb) {
+        int64_t nb = in->N - n0 < c.nb ? in->N - n0 : c.nb;
+        s = block_forward(&c, block_h(&c, n0, nb), n0, nb);
+        if (s == CT_OK) block_outputs(&c, out, n0, nb, &ls, &zs);
     }
     if (s == CT_OK) final_outputs(&c, out, ls, zs);
     ct_free(c.scratch);
     return s;
 }
 
-static ct_status grads_check(const char *fn, const ct_lce_grads *g, const ct_ce_options *opt,
-                             const float *dloss, bool dloss_required)
+static ct_status grads_check(const char *fn, const ct_lce_grads *g, const float *dloss, bool dloss_required)
 {
     if (!g) return ct_error(CT_EINVAL, "%s: grads must not be NULL (set unwanted fields to NULL)", fn);
     if (dloss_required && !dloss)
@@ -349,18 +503,18 @@ ct_status ct_linear_cross_entropy_backward(const ct_lce_grads *grads, const floa
                                            const ct_lce_inputs *in, const ct_ce_options *opt)
 {
     const char *fn = "ct_linear_cross_entropy_backward";
-    CT_TRY(grads_check(fn, grads, opt, dloss, true));
+    CT_TRY(grads_check(fn, grads, dloss, true));
     lce c;
     CT_TRY(lce_setup(&c, fn, in, opt));
     if (in->N && !lse) {
         ct_free(c.scratch);
         return ct_error(CT_EINVAL, "%s: lse must not be NULL (take it from the forward)", fn);
     }
-    zero_grads(grads, in);
+    if (in->N == 0) zero_grads(grads, in);
     ct_status s = CT_OK;
-    for (int64_t n0 = 0; n0 < in->N && s == CT_OK; n0 += c.nc) {
-        int64_t nc = in->N - n0 < c.nc ? in->N - n0 : c.nc;
-        s = chunk_backward(&c, grads, chunk_h(&c, n0, nc), n0, nc, lse + n0, dloss, false);
+    for (int64_t n0 = 0; n0 < in->N && s == CT_OK; n0 += c.nb) {
+        int64_t nb = in->N - n0 < c.nb ? in->N - n0 : c.nb;
+        s = block_backward(&c, grads, block_h(&c, n0, nb), n0, nb, lse + n0, dloss, TILE_RECOMPUTE);
     }
     ct_free(c.scratch);
     return s;
@@ -372,28 +526,30 @@ ct_status ct_linear_cross_entropy_forward_backward(const ct_ce_outputs *out, con
 {
     const char *fn = "ct_linear_cross_entropy_forward_backward";
     if (!out || !out->loss) return ct_error(CT_EINVAL, "%s: out->loss must not be NULL", fn);
-    CT_TRY(grads_check(fn, grads, opt, dloss, false));
+    CT_TRY(grads_check(fn, grads, dloss, false));
     lce c;
     CT_TRY(lce_setup(&c, fn, in, opt));
-    zero_grads(grads, in);
+    if (in->N == 0) zero_grads(grads, in);
     ct_status s = CT_OK;
     double ls = 0, zs = 0;
-    for (int64_t n0 = 0; n0 < in->N && s == CT_OK; n0 += c.nc) {
-        int64_t nc = in->N - n0 < c.nc ? in->N - n0 : c.nc;
-        const float *hc = chunk_h(&c, n0, nc);
-        bool full = c.vc == in->V;
-        if (full) { /* three GEMMs: logits, then dh and dW from the gradient left in L */
-            s = tile_logits(&c, hc, nc, 0, in->V);
+    for (int64_t n0 = 0; n0 < in->N && s == CT_OK; n0 += c.nb) {
+        int64_t nb = in->N - n0 < c.nb ? in->N - n0 : c.nb;
+        const float *hc = block_h(&c, n0, nb);
+        tile_state last;
+        if (c.vt == in->V) { /* one tile: logits once, then dh and dW from the gradient left in L */
+            s = tile_logits(&c, hc, nb, 0, in->V);
             c.n0 = n0;
-            c.cur_nc = nc;
+            c.cur_nb = nb;
             c.dloss = dloss;
-            if (s == CT_OK) ct_parallel_for(nc, rows_full, &c);
+            if (s == CT_OK) ct_parallel_for(nb, rows_full, &c);
+            last = TILE_GRADIENT;
         } else {
-            s = chunk_forward(&c, hc, n0, nc);
+            s = block_forward(&c, hc, n0, nb);
+            last = TILE_PREPARED;
         }
         if (s != CT_OK) break;
-        chunk_outputs(&c, out, n0, nc, &ls, &zs);
-        s = chunk_backward(&c, grads, hc, n0, nc, c.lse_c, dloss, full);
+        block_outputs(&c, out, n0, nb, &ls, &zs);
+        s = block_backward(&c, grads, hc, n0, nb, c.lse_c, dloss, last);
     }
     if (s == CT_OK) final_outputs(&c, out, ls, zs);
     ct_free(c.scratch);

@@ -92,6 +92,41 @@ def test_small_scratch_budget_same_result():
         torch.testing.assert_close(x, z, rtol=1e-5, atol=1e-7)
 
 
+# Budgets for N=300, D=24, V=3000 that select each tiling of the fused loss (the comment in
+# src/loss/linear_cross_entropy.c): all rows of full vocabulary at once (default, 64 MiB);
+# vocabulary tiles over one block of all 300 tokens, the weight gradient written once
+# (320 KiB: ~26 full rows, under the 32-row minimum of full-row blocks); vocabulary tiles over
+# several token blocks (40 KiB); blocks of full rows, three GEMMs each (1.5 MiB: ~125 rows,
+# over the minimum on a machine of up to 8 CPUs, else tiles again).
+TILINGS = [None, 320 << 10, 40 << 10, 1536 << 10]
+
+
+@pytest.mark.parametrize("scratch", TILINGS)
+@pytest.mark.parametrize("cap", [None, 3.0])
+def test_tilings_match_torch(scratch, cap):
+    """Every tiling against PyTorch 2.13 (F.linear_cross_entropy in float64, or the capped
+    logits' cross_entropy plus the z term): loss, lse-based backward and every gradient, with a
+    bias, class weights, smoothing, z-loss and ignored rows; the same bits at 1 and 2 threads."""
+    torch.manual_seed(5)
+    h, w, b, y = make(N=300, D=24, V=3000, bias=True)
+    cw = torch.rand(3000) + 0.5
+    kw = dict(weight=cw, label_smoothing=0.1, z_loss=1e-3, softcap=cap)
+    want = reference(h, w, y, b, **kw)
+    up = torch.tensor(0.75)
+    ref_grads = grads(want, [h, w, b], up.double())
+    runs = []
+    for t in (1, 2):
+        ctorch.set_num_threads(t)
+        got = ct.linear_cross_entropy(h, w, y, linear_bias=b, scratch_bytes=scratch, **kw)
+        runs.append([got.detach()] + grads(got, [h, w, b], up))
+    ctorch.set_num_threads(2)
+    torch.testing.assert_close(runs[0][0].double(), want.detach(), rtol=1e-5, atol=1e-5)
+    for a, r in zip(runs[0][1:], ref_grads):
+        torch.testing.assert_close(a.double(), r.double(), rtol=1e-4, atol=1e-6)
+    for a, c in zip(runs[0], runs[1]):
+        assert torch.equal(a, c)
+
+
 def test_signature_is_pytorchs():
     """Every parameter of F.linear_cross_entropy and nn.LinearCrossEntropyLoss is accepted by
     name, with the same kind and default (ctorch's extras come after them)."""
