@@ -139,6 +139,39 @@ def cpath(p):
     return b
 
 
+def read_regular(path, what, limit, count=None):
+    """The bytes of the regular file `path` (at most `count` of them when given), as the C
+    library reads files: opened without blocking (a FIFO would hang a plain open()), refused
+    unless a regular file (a FIFO, a device such as /dev/zero, a directory), refused when
+    larger than `limit` bytes. Errors are CtorchError("CT_EINVAL" / "CT_EFORMAT") naming `what`,
+    the path and the rule."""
+    import stat
+    fd = os.open(cpath(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode)
+                    else "a character device" if stat.S_ISCHR(st.st_mode)
+                    else "a block device" if stat.S_ISBLK(st.st_mode) else "a socket")
+            raise CtorchError("CT_EINVAL", f"{what} {os.fsdecode(path)!r} is not a regular file "
+                              f"({kind}): ctorch reads only regular files")
+        if count is None and st.st_size > limit:
+            raise CtorchError("CT_EFORMAT", f"{what} {os.fsdecode(path)!r} is {st.st_size} bytes, "
+                              f"more than the {limit} allowed for it")
+        os.set_blocking(fd, True)
+        want = min(st.st_size, limit if count is None else count)
+        chunks, got = [], 0
+        while got < want:
+            b = os.read(fd, want - got)
+            if not b:
+                break
+            chunks.append(b)
+            got += len(b)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def memory_stats():
     s = MemoryStats()
     lib.ct_memory_stats(ctypes.byref(s))

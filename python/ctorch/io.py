@@ -20,7 +20,7 @@ import ctypes
 
 import numpy as np
 
-from ._lib import check, cpath, cstr, lib
+from ._lib import check, cpath, cstr, lib, read_regular
 
 MAX_DIMS = 8
 ST_DTYPES = ["BOOL", "U8", "I8", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64", "I64",
@@ -123,8 +123,7 @@ def detect_format(data):
     if isinstance(data, (bytes, bytearray, memoryview)):
         head = bytes(data[:64])
     else:
-        with open(data, "rb") as f:
-            head = f.read(64)
+        head = read_regular(data, "file", 64, count=64)
     return FORMATS[lib.ct_detect_format(head, len(head))]
 
 

@@ -21,7 +21,7 @@ import os
 
 import torch
 
-from ._lib import check, cpath, cstr, lib
+from ._lib import check, cpath, cstr, lib, read_regular
 
 _P = ctypes.POINTER
 _vp = ctypes.c_void_p
@@ -416,8 +416,7 @@ def _read_config(config, path):
     Hugging Face config.json (it has "architectures" or "model_type") is read by
     ct_hf_config_parse, anything else as a ctorch configuration."""
     if isinstance(config, (str, bytes, os.PathLike)) and not str(config).lstrip().startswith("{"):
-        with open(config, "rb") as f:
-            config = f.read().decode()
+        config = read_regular(config, "model configuration", 16 << 20).decode()
     d = json.loads(config) if isinstance(config, (str, bytes)) else dict(config)
     if "architectures" in d or "model_type" in d:
         text = json.dumps(d).encode()

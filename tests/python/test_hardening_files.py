@@ -143,6 +143,22 @@ def test_tensor_file_not_regular(tmp_path, kind, ext):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_binding_reads_only_regular_files(tmp_path, kind):
+    """The binding's own reads (io.detect_format of a path, models.load's config= path) follow
+    the library's rule: a FIFO must not hang them, /dev/zero must not be read forever."""
+    p = tmp_path / "t.safetensors"
+    ref.write_safetensors(p, {"w": torch.ones(2)})
+    r = py(f"from ctorch import io; print(io.detect_format({str(p)!r}))")
+    assert r.returncode == 0 and "safetensors" in r.stdout, r.stderr
+    f = tmp_path / "f.safetensors"
+    plant(f, kind)
+    refused(py(f"from ctorch import io; io.detect_format({str(f)!r})"), f)
+    cfg = tmp_path / "config.json"
+    plant(cfg, kind)
+    refused(py(f"from ctorch import models; models.load({str(p)!r}, config={str(cfg)!r})"), cfg)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_training_data_not_regular(tmp_path, hf_dir, kind):
     data = tmp_path / "data.txt"
     plant(data, kind)
