@@ -167,7 +167,7 @@ static void test_options(void)
             if (variant >= 2) p.o.class_weight = cw;
             if (variant >= 3) p.o.z_loss = 1e-2f;
             if (variant >= 4) p.o.softcap = 2.0f;
-            if (variant == 5) p.o.scratch_bytes = 4096; /* forces vocabulary tiles and two passes */
+            if (variant == 5) p.o.scratch_bytes = 4096; /* vocabulary tiles over two token blocks */
             char what[64];
             snprintf(what, sizeof what, "loss (reduction %d, variant %d)", r, variant);
             check_problem(&p, what);
@@ -314,7 +314,8 @@ static void test_accumulate(void)
     drop(&p);
 }
 
-/* Same bits across runs and across 1 and 2 threads, in both tiling modes. */
+/* Same bits across runs and across 1 and 2 threads, in both tiling modes (all rows at once;
+ * vocabulary tiles over token blocks), and from forward + backward as from forward_backward. */
 static void test_determinism(void)
 {
     prob p = make(150, 40, 700, true);
@@ -333,6 +334,20 @@ static void test_determinism(void)
             ct_ce_outputs out = {&l[r], NULL, NULL};
             ct_lce_grads g = {dh[r], dw[r], db[r], false};
             CHECK_OK(ct_linear_cross_entropy_forward_backward(&out, &g, NULL, &in, &p.o));
+        }
+        { /* the backward from the forward's lse visits the tiles in the same order: same bits */
+            float lf, one = 1.0f, *lse = malloc(4 * (size_t)N), *dh2 = malloc(4 * (size_t)(N * D));
+            float *dw2 = malloc(4 * (size_t)(V * D)), *db2 = malloc(4 * (size_t)V);
+            ct_lce_inputs in = {p.h, p.w, p.b, CT_DTYPE_F32, p.y, CT_DTYPE_I64, N, D, V};
+            ct_ce_outputs out = {&lf, NULL, lse};
+            ct_lce_grads g = {dh2, dw2, db2, false};
+            CHECK_OK(ct_linear_cross_entropy_forward(&out, &in, &p.o));
+            CHECK_OK(ct_linear_cross_entropy_backward(&g, &one, lse, &in, &p.o));
+            CHECK(!memcmp(&lf, &l[2], 4));
+            CHECK(!memcmp(dh2, dh[2], 4 * (size_t)(N * D)));
+            CHECK(!memcmp(dw2, dw[2], 4 * (size_t)(V * D)));
+            CHECK(!memcmp(db2, db[2], 4 * (size_t)V));
+            free(lse), free(dh2), free(dw2), free(db2);
         }
         for (int r = 1; r < 3; r++) {
             CHECK(!memcmp(&l[0], &l[r], 4));
