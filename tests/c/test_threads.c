@@ -2,7 +2,9 @@
  * grains and thread counts; tid < ct_num_threads() and never shared by two chunks running
  * at once; nested regions serial on the calling thread; regions from 4 caller threads at
  * once; a caller whose region is stuck does not stop another caller's region; thread-count
- * changes between regions. Workers never call CHECK (the harness counters are plain ints):
+ * changes between regions; the step's loops moved onto the pool (bias add / fill / gradient,
+ * zeroing, the embedding gradient split by vocabulary) give the serial loops' bits at 1, 2,
+ * 3 and 16 threads. Workers never call CHECK (the harness counters are plain ints):
  * they record into arrays that the main thread checks.
  *
  * `test_threads --bench` also prints the cost of an empty region (1, 2, 4, 8, 16 threads):
@@ -242,6 +244,64 @@ static void test_count_changes(void)
     CHECK_STATUS(ct_set_num_threads(257), CT_EINVAL);
 }
 
+/* ---- the step's loops on the pool: the serial loops' bits at any thread count ---------- */
+
+static void test_step_loops(void)
+{
+    const int64_t shapes[][2] = {{1, 1}, {3, 17}, {1000, 1}, {257, 300}, {64, 4096}, {2048, 128}};
+    const int Ts[] = {1, 2, 3, 16};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int64_t N = shapes[s][0], C = shapes[s][1];
+        float *d = malloc((size_t)(N * C) * sizeof(float)), *b = malloc((size_t)C * sizeof(float));
+        float *ref = malloc((size_t)C * sizeof(float)), *db = malloc((size_t)C * sizeof(float));
+        float *x = malloc((size_t)(N * C) * sizeof(float)), *xr = malloc((size_t)(N * C) * sizeof(float));
+        t_fill(d, (size_t)(N * C), -1.0f, 1.0f);
+        t_fill(b, (size_t)C, -1.0f, 1.0f);
+        for (int64_t j = 0; j < C; j++) ref[j] = b[j] * 0.5f;
+        for (int64_t n = 0; n < N; n++) /* the serial loops the step used to run */
+            for (int64_t j = 0; j < C; j++) {
+                ref[j] += d[n * C + j];
+                xr[n * C + j] = d[n * C + j] + b[j];
+            }
+        for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++) {
+            CHECK_OK(ct_set_num_threads(Ts[a]));
+            for (int64_t j = 0; j < C; j++) db[j] = b[j] * 0.5f;
+            ct_bias_grad_rows(db, d, N, C);
+            CHECK(memcmp(db, ref, (size_t)C * sizeof(float)) == 0);
+            memcpy(x, d, (size_t)(N * C) * sizeof(float));
+            ct_bias_add_rows(x, b, N, C);
+            CHECK(memcmp(x, xr, (size_t)(N * C) * sizeof(float)) == 0);
+            ct_bias_fill_rows(x, b, N, C);
+            int ok = 1;
+            for (int64_t n = 0; n < N; n++) ok &= memcmp(x + n * C, b, (size_t)C * sizeof(float)) == 0;
+            CHECK(ok);
+            ct_zero_floats(x, N * C);
+            ok = 1;
+            for (int64_t i = 0; i < N * C; i++) ok &= x[i] == 0.0f;
+            CHECK(ok);
+        }
+        free(d), free(b), free(ref), free(db), free(x), free(xr);
+    }
+    /* the embedding gradient split by vocabulary (narrow table, many threads): the bits of a
+     * serial scatter in token order, skewed ids included */
+    const int64_t N = 3000, V = 97, D = 20;
+    int32_t *ids = malloc((size_t)N * sizeof(int32_t));
+    float *dout = malloc((size_t)(N * D) * sizeof(float));
+    float *ref = calloc((size_t)(V * D), sizeof(float)), *got = malloc((size_t)(V * D) * sizeof(float));
+    for (int64_t n = 0; n < N; n++) ids[n] = (int32_t)(n % 3 ? t_next() % V : 5);
+    t_fill(dout, (size_t)(N * D), -1.0f, 1.0f);
+    for (int64_t n = 0; n < N; n++)
+        if (ids[n] != 7) /* padding_idx 7 */
+            for (int64_t j = 0; j < D; j++) ref[ids[n] * D + j] += dout[n * D + j];
+    for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++) {
+        CHECK_OK(ct_set_num_threads(Ts[a]));
+        memset(got, 0, (size_t)(V * D) * sizeof(float));
+        CHECK_OK(ct_embedding_backward(got, dout, ids, CT_DTYPE_I32, N, V, D, 7));
+        CHECK(memcmp(got, ref, (size_t)(V * D) * sizeof(float)) == 0);
+    }
+    free(ids), free(dout), free(ref), free(got);
+}
+
 /* ---- empty-region cost (measurement only) -------------------------------------------------- */
 
 static void empty_body(void *p, int64_t b, int64_t e, int tid)
@@ -328,6 +388,7 @@ int main(int argc, char **argv)
     test_concurrent_callers();
     test_independent_progress();
     test_count_changes();
+    test_step_loops();
     CHECK_OK(ct_set_num_threads(saved));
     return t_report("test_threads");
 }
