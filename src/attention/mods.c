@@ -154,6 +154,21 @@ static void doc_tile(void *ctx, const ct_attn_tile *t, uint8_t *keep)
     const doc *c = ctx;
     int64_t r = c->batch == 1 ? 0 : t->b;
     const int32_t *qd = c->q + r * c->q_len + t->q0, *kd = c->kv + r * c->kv_len + t->kv0;
+    if (c->sorted) { /* a key's document is a run of queries: two cursors and memsets */
+        int64_t a = 0, e = 0;
+        for (int64_t j = 0; j < t->nkv; j++) {
+            int32_t d = kd[j]; /* non-decreasing in j, so the run only moves forward */
+            while (a < t->nq && qd[a] < d)
+                a++;
+            if (e < a) e = a;
+            while (e < t->nq && qd[e] == d)
+                e++;
+            fill_run(t, keep, j, 0, a, 0);
+            fill_run(t, keep, j, a, e, 1);
+            fill_run(t, keep, j, e, t->nq, 0);
+        }
+        return;
+    }
     for (int64_t j = 0; j < t->nkv; j++) {
         int32_t d = kd[j];
         uint8_t *p = keep + j * t->kv_stride;
@@ -234,11 +249,27 @@ typedef struct comb {
 
 #define SUB 64 /* combinators evaluate children on sub-tiles of SUB x SUB */
 
+/* A child's kind over a tile (PARTIAL when it has no classifier or does not know). */
+static ct_block_kind kid_kind(const ct_mask_mod *m, const ct_attn_tile *t)
+{
+    ct_block_kind k = m->block ? m->block(m->ctx, t->b, t->h, t->q0, t->nq, t->kv0, t->nkv)
+                               : CT_BLOCK_PARTIAL;
+    return k == CT_BLOCK_EMPTY || k == CT_BLOCK_FULL ? k : CT_BLOCK_PARTIAL;
+}
+
+static void fill_tile(const ct_attn_tile *t, uint8_t *keep, uint8_t v)
+{
+    for (int64_t j = 0; j < t->nkv; j++)
+        fill_run(t, keep, j, 0, t->nq, v);
+}
+
+/* AND / OR: children whose classifier settles a (sub-)tile are not evaluated there (EMPTY and
+ * FULL are exact by contract): the result is the same bytes, without the per-element work. */
 static void comb_tile(void *ctx, const ct_attn_tile *t, uint8_t *keep)
 {
     const comb *c = ctx;
-    c->kids[0].tile(c->kids[0].ctx, t, keep);
     if (c->op == COMB_NOT) {
+        c->kids[0].tile(c->kids[0].ctx, t, keep);
         for (int64_t j = 0; j < t->nkv; j++)
             for (int64_t i = 0; i < t->nq; i++) {
                 uint8_t *p = keep + i * t->q_stride + j * t->kv_stride;
@@ -246,8 +277,28 @@ static void comb_tile(void *ctx, const ct_attn_tile *t, uint8_t *keep)
             }
         return;
     }
+    bool is_and = c->op == COMB_AND;
+    /* the absorbing kind (EMPTY for AND, FULL for OR) settles the tile; the neutral one drops
+     * the child */
+    ct_block_kind absorb = is_and ? CT_BLOCK_EMPTY : CT_BLOCK_FULL;
+    ct_block_kind neutral = is_and ? CT_BLOCK_FULL : CT_BLOCK_EMPTY;
+    int first = -1;
+    for (int k = 0; k < c->n; k++) {
+        ct_block_kind kk = kid_kind(&c->kids[k], t);
+        if (kk == absorb) {
+            fill_tile(t, keep, is_and ? 0 : 1);
+            return;
+        }
+        if (kk != neutral && first < 0) first = k;
+    }
+    if (first < 0) { /* every child neutral */
+        fill_tile(t, keep, is_and ? 1 : 0);
+        return;
+    }
+    c->kids[first].tile(c->kids[first].ctx, t, keep);
     uint8_t tmp[SUB * SUB];
-    for (int k = 1; k < c->n; k++) {
+    for (int k = first + 1; k < c->n; k++) {
+        const ct_mask_mod *kid = &c->kids[k];
         for (int64_t i0 = 0; i0 < t->nq; i0 += SUB)
             for (int64_t j0 = 0; j0 < t->nkv; j0 += SUB) {
                 ct_attn_tile s = *t;
@@ -255,16 +306,36 @@ static void comb_tile(void *ctx, const ct_attn_tile *t, uint8_t *keep)
                 s.nq = t->nq - i0 < SUB ? t->nq - i0 : SUB;
                 s.kv0 = t->kv0 + j0;
                 s.nkv = t->nkv - j0 < SUB ? t->nkv - j0 : SUB;
+                ct_block_kind kk = kid_kind(kid, &s);
+                if (kk == neutral) continue;
+                if (kk == absorb) { /* the sub-tile is settled: write it in place */
+                    ct_attn_tile d = s;
+                    d.q_stride = t->q_stride;
+                    d.kv_stride = t->kv_stride;
+                    fill_tile(&d, keep + i0 * t->q_stride + j0 * t->kv_stride, is_and ? 0 : 1);
+                    continue;
+                }
                 s.q_stride = 1;
                 s.kv_stride = SUB;
-                c->kids[k].tile(c->kids[k].ctx, &s, tmp);
-                for (int64_t j = 0; j < s.nkv; j++)
-                    for (int64_t i = 0; i < s.nq; i++) {
-                        uint8_t *p = keep + (i0 + i) * t->q_stride + (j0 + j) * t->kv_stride;
-                        uint8_t v = tmp[j * SUB + i] != 0;
-                        *p =
-                            c->op == COMB_AND ? (uint8_t)((*p != 0) & v) : (uint8_t)((*p != 0) | v);
+                kid->tile(kid->ctx, &s, tmp);
+                for (int64_t j = 0; j < s.nkv; j++) {
+                    uint8_t *p = keep + i0 * t->q_stride + (j0 + j) * t->kv_stride;
+                    const uint8_t *v = tmp + j * SUB;
+                    if (t->q_stride == 1) {
+                        if (is_and)
+                            for (int64_t i = 0; i < s.nq; i++)
+                                p[i] = (uint8_t)((p[i] != 0) & (v[i] != 0));
+                        else
+                            for (int64_t i = 0; i < s.nq; i++)
+                                p[i] = (uint8_t)((p[i] != 0) | (v[i] != 0));
+                    } else {
+                        for (int64_t i = 0; i < s.nq; i++) {
+                            uint8_t *q = p + i * t->q_stride;
+                            *q = is_and ? (uint8_t)((*q != 0) & (v[i] != 0))
+                                        : (uint8_t)((*q != 0) | (v[i] != 0));
+                        }
                     }
+                }
             }
     }
 }

@@ -1,5 +1,6 @@
 /* Block masks: kinds against a naive per-block classification of the evaluated mask, the
- * transposed lists, stored tiles, B/H broadcasting, the O(blocks) cost at 131072 tokens, and
+ * transposed lists, stored tiles, B/H broadcasting, every tile of the built-in masks and
+ * combinators against the element-wise definition, the O(blocks) cost at 131072 tokens, and
  * bad arguments of every attention entry point. */
 #include "test_util.h"
 
@@ -167,6 +168,104 @@ static void test_long(void)
     ct_mask_mod_free(&sw);
 }
 
+/* ---- element truth of the built-in masks' tiles -------------------------------------------- */
+
+typedef struct etruth {
+    int kind; /* 0 causal, 1 window 10 causal, 2 documents, 3 doc & causal, 4 doc | window,
+                 5 not(doc & causal) */
+    const int32_t *qd, *kd; /* [2][L] ids */
+} etruth;
+
+static int truth(const etruth *e, int64_t b, int64_t q, int64_t kv, int64_t L)
+{
+    int causal = kv <= q, win = kv <= q && q - kv <= 10;
+    int doc = e->qd[b * L + q] == e->kd[b * L + kv];
+    switch (e->kind) {
+    case 0: return causal;
+    case 1: return win;
+    case 2: return doc;
+    case 3: return doc && causal;
+    case 4: return doc || win;
+    default: return !(doc && causal);
+    }
+}
+
+/* Every tile of every position, size and layout (key-major contiguous as the kernels ask,
+ * query-major strided) against the element-wise definition: the run writers (documents as
+ * runs of sorted ids) and the combinators' skipping of children their classifiers settle. */
+static void check_elements(const ct_mask_mod *m, const etruth *e, int64_t L, const char *what)
+{
+    static const int64_t sizes[] = {1, 7, 16, 33, 64, 100};
+    uint8_t *buf = malloc((size_t)(L * L * 3));
+    int bad = 0;
+    for (int64_t b = 0; b < 2; b++)
+        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++)
+            for (size_t sj = 0; sj < sizeof sizes / sizeof sizes[0]; sj++)
+                for (int64_t q0 = 0; q0 < L; q0 += 13)
+                    for (int64_t kv0 = 0; kv0 < L; kv0 += 17)
+                        for (int layout = 0; layout < 2; layout++) {
+                            int64_t nq = mn(sizes[si], L - q0), nk = mn(sizes[sj], L - kv0);
+                            ct_attn_tile t = {b, 0, q0, nq, kv0, nk, 1, nq + 3};
+                            if (layout) t.q_stride = 2 * nk + 1, t.kv_stride = 2;
+                            memset(buf, 7, (size_t)(L * L * 3));
+                            m->tile(m->ctx, &t, buf);
+                            for (int64_t i = 0; i < nq; i++)
+                                for (int64_t j = 0; j < nk; j++) {
+                                    uint8_t got = buf[i * t.q_stride + j * t.kv_stride];
+                                    int want = truth(e, b, q0 + i, kv0 + j, L);
+                                    if ((got != 0 && got != 1) || got != want) {
+                                        if (!bad)
+                                            fprintf(stderr,
+                                                    "  %s: b %lld q %lld kv %lld got %d want %d\n",
+                                                    what, (long long)b, (long long)(q0 + i),
+                                                    (long long)(kv0 + j), got, want);
+                                        bad++;
+                                    }
+                                }
+                        }
+    CHECK(bad == 0);
+    free(buf);
+}
+
+static void test_elements(void)
+{
+    enum { L = 150 };
+    int32_t sorted[2 * L], cross[2 * L], mixed[2 * L];
+    for (int i = 0; i < L; i++) {
+        sorted[i] = i / 64, sorted[L + i] = i < 3 ? 0 : i < 40 ? 1 : i < 41 ? 2 : 5 + i / 50;
+        cross[i] = i / 30, cross[L + i] = i / 20; /* kv ids differ from q ids */
+        mixed[i] = (i * 37) % 3, mixed[L + i] = (i * 11) % 4;
+    }
+    ct_mask_mod causal, win, ds, dx, dm, kids[2], both, either, nboth;
+    CHECK_OK(ct_mask_mod_causal(&causal));
+    CHECK_OK(ct_mask_mod_sliding_window(10, true, &win));
+    CHECK_OK(ct_mask_mod_document(sorted, NULL, 2, L, L, &ds));
+    CHECK_OK(ct_mask_mod_document(sorted, cross, 2, L, L, &dx));
+    CHECK_OK(ct_mask_mod_document(mixed, NULL, 2, L, L, &dm));
+    check_elements(&causal, &(etruth){0, sorted, sorted}, L, "causal");
+    check_elements(&win, &(etruth){1, sorted, sorted}, L, "window");
+    check_elements(&ds, &(etruth){2, sorted, sorted}, L, "documents sorted");
+    check_elements(&dx, &(etruth){2, sorted, cross}, L, "documents cross ids");
+    check_elements(&dm, &(etruth){2, mixed, mixed}, L, "documents unsorted");
+    const ct_mask_mod *docs[3] = {&ds, &dm, &dx};
+    const int32_t *kd[3] = {sorted, mixed, cross}, *qd[3] = {sorted, mixed, sorted};
+    for (int d = 0; d < 3; d++) {
+        for (int order = 0; order < 2; order++) { /* the child settled first or second */
+            kids[order] = *docs[d], kids[1 - order] = causal;
+            CHECK_OK(ct_mask_mod_and(kids, 2, &both));
+            check_elements(&both, &(etruth){3, qd[d], kd[d]}, L, "doc & causal");
+            CHECK_OK(ct_mask_mod_not(&both, &nboth));
+            check_elements(&nboth, &(etruth){5, qd[d], kd[d]}, L, "not (doc & causal)");
+            kids[order] = *docs[d], kids[1 - order] = win;
+            CHECK_OK(ct_mask_mod_or(kids, 2, &either));
+            check_elements(&either, &(etruth){4, qd[d], kd[d]}, L, "doc | window");
+            ct_mask_mod_free(&nboth), ct_mask_mod_free(&both), ct_mask_mod_free(&either);
+        }
+    }
+    ct_mask_mod_free(&causal), ct_mask_mod_free(&win), ct_mask_mod_free(&ds);
+    ct_mask_mod_free(&dx), ct_mask_mod_free(&dm);
+}
+
 static void test_bad_args(void)
 {
     ct_mask_mod m, causal;
@@ -312,6 +411,7 @@ int main(void)
 {
     test_structures();
     test_long();
+    test_elements();
     test_bad_args();
     return t_report("test_attention_mask");
 }
