@@ -84,6 +84,11 @@ size_t ct_sve_cntb(void);
  * tid. Kernels must make every output depend on its inputs alone (never on the chunking
  * or on tid). Regions from several threads run at once; nested regions run serially. */
 void ct_parallel_for_grain(int64_t n, int64_t grain, ct_parallel_fn fn, void *ctx);
+/* ct_parallel_for_grain on at most max_threads threads: tid < max_threads. A caller that sizes
+ * per-tid scratch from ct_num_threads() passes the count it read, so a ct_set_num_threads()
+ * from another thread between the read and the region cannot hand out a tid past the
+ * scratch. */
+void ct_parallel_for_capped(int64_t n, int64_t grain, int max_threads, ct_parallel_fn fn, void *ctx);
 
 /* Row-broadcast bias and its gradient, parallel and deterministic (src/ops/bias.c):
  * x[n, :] += b for N rows of C; db[j] += sum over the rows of d[n, j], each column summed

@@ -228,9 +228,15 @@ ct_status ct_set_num_threads(int n)
 
 void ct_parallel_for_grain(int64_t n, int64_t grain, ct_parallel_fn fn, void *ctx)
 {
+    ct_parallel_for_capped(n, grain, CT_MAX_THREADS, fn, ctx);
+}
+
+void ct_parallel_for_capped(int64_t n, int64_t grain, int max_threads, ct_parallel_fn fn, void *ctx)
+{
     if (n <= 0) return;
     if (grain < 1) grain = 1;
     int T = ct_num_threads();
+    if (max_threads < T) T = max_threads < 1 ? 1 : max_threads;
     if (T <= 1 || in_parallel || n <= grain) {
         fn(ctx, 0, n, 0);
         return;

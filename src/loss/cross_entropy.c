@@ -41,7 +41,7 @@ ct_status ct_cross_entropy_forward(const ct_ce_outputs *out, const float *logits
     if (!ct_mul_size(rows, sizeof(float), &bytes)) return ct_error(CT_EOVERFLOW, "%s: sizes overflow", fn);
     CT_TRY(ct_alloc((void **)&buf, bytes));
     ce_ctx c = {&p, logits, NULL, buf, buf + (size_t)T * V, buf + (size_t)T * V + N, buf + (size_t)T * V + 2 * N};
-    ct_parallel_for(N, fwd_rows, &c);
+    ct_parallel_for_capped(N, 1, T, fwd_rows, &c); /* tid < T: the scratch rows */
     ce_reduce(&p, c.loss_rows, out->loss);
     if (out->z_loss) ce_reduce(&p, c.z_rows, out->z_loss);
     if (out->lse) memcpy(out->lse, c.lse, (size_t)N * sizeof(float));
