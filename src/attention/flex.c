@@ -224,25 +224,155 @@ typedef struct tile_pos {
     const uint8_t *stored; /* the block's stored mask, or NULL */
 } tile_pos;
 
-/* w->s = the sub-tile's scores against the packed queries in w->qt, after the score mod and
- * the mask; w->raw = the scores before the mod when keep_raw and the mod has a derivative. */
+/* A rectangle of a sub-tile: keys r0 .. r0+nr-1 and queries c0 .. c0+nc-1 (nc real columns,
+ * ncp >= nc computed ones, a multiple of 8 within Tp; c0 a multiple of 8). */
+typedef struct rect {
+    int64_t r0, nr, c0, nc, ncp;
+} rect;
+
+/* The keep bytes of a partial sub-tile (key-major, row stride *kld): the stored mask, or the
+ * mask evaluated into w->keep. */
+static const uint8_t *tile_keep(const plan *p, wsl *w, const tile_pos *t, int64_t *kld)
+{
+    if (t->stored) {
+        *kld = p->bs;
+        return t->stored + t->ok * p->bs + t->oq;
+    }
+    ct_attn_tile at = {t->b, t->h, t->q0, t->nq, t->kv0, t->nk, 1, p->Tp};
+    p->bm->mask_mod.tile(p->bm->mask_mod.ctx, &at, w->keep);
+    *kld = p->Tp;
+    return w->keep;
+}
+
+static inline size_t roff(const plan *p, const rect *r)
+{
+    return (size_t)(r->r0 * p->Tp + r->c0);
+}
+
+/* The scores of a rectangle into w->s (at its place in the sub-tile's layout) after the score
+ * mod and the mask (keep NULL: a full block); w->raw = before the mod when keep_raw and the
+ * mod has a derivative. */
 static void scores(const plan *p, wsl *w, const float *K, int64_t ldk, const tile_pos *t,
-                   bool keep_raw)
+                   const uint8_t *keep, int64_t kld, const rect *r, bool keep_raw)
 {
     int64_t Tp = p->Tp;
-    at_gemm(t->nk, Tp, p->E, K, ldk, 1, w->qt, Tp, w->s, Tp, false, NULL);
-    ct_attn_tile at = {t->b, t->h, t->q0, t->nq, t->kv0, t->nk, 1, Tp};
+    float *s = w->s + roff(p, r);
+    at_gemm(r->nr, r->ncp, p->E, K + r->r0 * ldk, ldk, 1, w->qt + r->c0, Tp, s, Tp, false, NULL);
     if (p->sm) {
-        if (keep_raw && p->mod_grad) memcpy(w->raw, w->s, (size_t)(t->nk * Tp) * sizeof(float));
-        p->sm->fwd(p->sm->ctx, &at, w->s);
+        ct_attn_tile at = {t->b, t->h, t->q0 + r->c0, r->nc, t->kv0 + r->r0, r->nr, 1, Tp};
+        if (keep_raw && p->mod_grad)
+            for (int64_t j = 0; j < r->nr; j++)
+                memcpy(w->raw + roff(p, r) + j * Tp, s + j * Tp, (size_t)r->ncp * sizeof(float));
+        p->sm->fwd(p->sm->ctx, &at, s);
     }
-    if (!t->partial) return;
-    if (t->stored) {
-        at_apply_keep(w->s, Tp, t->stored + t->ok * p->bs + t->oq, p->bs, t->nk, t->nq);
-        return;
+    if (keep) at_apply_keep(s, Tp, keep + r->r0 * kld + r->c0, kld, r->nr, r->nc);
+}
+
+/* ---- trimming partial tiles ----------------------------------------------------------------
+ * Inside a partial sub-tile, the rectangles where every pair is masked contribute exact zeros
+ * (P = 0: nothing to the softmax sums, the maxima or any product), so they are skipped: the
+ * forward and dQ passes take the queries in chunks of CHUNK columns, each over the keys from its
+ * first to its last kept one (the first rounded down to even, which keeps the softmax's
+ * even/odd row sums paired as over the whole tile); the dK/dV pass takes the keys in chunks of
+ * CHUNK rows, each over the queries of its kept pairs (8-column steps). The results are those
+ * of the whole sub-tile (up to the sign of a zero); a sub-tile the trimming would not shrink by
+ * a fifth is taken whole. Causal diagonal blocks shrink by ~3/8, a block of two documents by
+ * ~5/8. */
+#define CHUNK 16
+#define NCH_MAX ((TILE_MAX + 15) / CHUNK + 1)
+
+/* Query chunks of a partial sub-tile: rects[n] over the keys each needs; returns n (0: the
+ * sub-tile is masked whole), or -1 when the whole sub-tile is the better unit. */
+static int q_rects(const plan *p, const tile_pos *t, const uint8_t *keep, int64_t kld,
+                   rect *rects)
+{
+    int nch = (int)((t->nq + CHUNK - 1) / CHUNK);
+    int64_t lo[NCH_MAX], hi[NCH_MAX];
+    for (int c = 0; c < nch; c++)
+        lo[c] = t->nk, hi[c] = -1;
+    for (int64_t j = 0; j < t->nk; j++) {
+        const uint8_t *row = keep + j * kld;
+        for (int c = 0; c < nch; c++) {
+            int64_t i0 = (int64_t)c * CHUNK, i1 = min64(i0 + CHUNK, t->nq);
+            bool any = false;
+            for (int64_t i = i0; i < i1 && !any; i += 8) {
+                uint64_t x = 0;
+                if (i + 8 <= i1)
+                    memcpy(&x, row + i, 8);
+                else
+                    for (int64_t k = i; k < i1; k++)
+                        x |= row[k];
+                any = x != 0;
+            }
+            if (any) {
+                if (j < lo[c]) lo[c] = j;
+                hi[c] = j;
+            }
+        }
     }
-    p->bm->mask_mod.tile(p->bm->mask_mod.ctx, &at, w->keep);
-    at_apply_keep(w->s, Tp, w->keep, Tp, t->nk, t->nq);
+    int n = 0;
+    int64_t area = 0;
+    for (int c = 0; c < nch; c++) {
+        if (hi[c] < 0) continue;
+        int64_t r0 = lo[c] & ~(int64_t)1, c0 = (int64_t)c * CHUNK;
+        rects[n] = (rect){r0, hi[c] + 1 - r0, c0, min64(CHUNK, t->nq - c0), CHUNK};
+        area += rects[n].nr;
+        n++;
+    }
+    if (n && area * 5 > (int64_t)nch * t->nk * 4) return -1;
+    return n;
+}
+
+/* Key chunks of a partial sub-tile: rects[n] over the queries each needs (see q_rects). */
+static int k_rects(const plan *p, const tile_pos *t, const uint8_t *keep, int64_t kld,
+                   rect *rects)
+{
+    int nch = (int)((t->nk + CHUNK - 1) / CHUNK), n = 0;
+    int64_t area = 0, nw = (t->nq + 7) / 8;
+    for (int c = 0; c < nch; c++) {
+        int64_t r0 = (int64_t)c * CHUNK, r1 = min64(r0 + CHUNK, t->nk), w0 = nw, w1 = -1;
+        for (int64_t wi = 0; wi < nw; wi++) {
+            int64_t i0 = wi * 8, i1 = min64(i0 + 8, t->nq);
+            uint64_t x = 0;
+            for (int64_t j = r0; j < r1 && !x; j++) {
+                const uint8_t *row = keep + j * kld;
+                if (i1 - i0 == 8) {
+                    uint64_t y;
+                    memcpy(&y, row + i0, 8);
+                    x |= y;
+                } else {
+                    for (int64_t k = i0; k < i1; k++)
+                        x |= row[k];
+                }
+            }
+            if (x) {
+                if (wi < w0) w0 = wi;
+                w1 = wi;
+            }
+        }
+        if (w1 < 0) continue;
+        int64_t c0 = w0 * 8, c1 = min64((w1 + 1) * 8, t->nq);
+        rects[n] = (rect){r0, r1 - r0, c0, c1 - c0, (c1 - c0 + 7) & ~(int64_t)7};
+        area += (r1 - r0) * rects[n].ncp;
+        n++;
+    }
+    if (n && area * 5 > t->nk * p->Tp * 4) return -1;
+    return n;
+}
+
+/* The rectangles of a sub-tile into rects; returns their count. */
+static int tile_rects(const plan *p, wsl *w, const tile_pos *t, bool by_keys, rect *rects,
+                      const uint8_t **keep, int64_t *kld)
+{
+    *keep = NULL;
+    *kld = 0;
+    if (t->partial) {
+        *keep = tile_keep(p, w, t, kld);
+        int n = by_keys ? k_rects(p, t, *keep, *kld, rects) : q_rects(p, t, *keep, *kld, rects);
+        if (n >= 0) return n;
+    }
+    rects[0] = (rect){0, t->nk, 0, t->nq, p->Tp};
+    return 1;
 }
 
 /* ---- forward --------------------------------------------------------------------------- */
@@ -254,12 +384,13 @@ static void fwd_unit(plan *p, float *wsb, int64_t u)
     int64_t b = bh / p->Hq, h = bh % p->Hq, hk = h / p->G, Tp = p->Tp;
     int64_t qend = min64(p->L, (qb + 1) * p->bs);
     size_t area = (size_t)(p->bs * p->bs);
+    rect rects[NCH_MAX];
     for (int64_t q0 = qb * p->bs; q0 < qend; q0 += p->T) {
         int64_t nq = min64(p->T, qend - q0), ldq;
         pack_t(&p->q, b, h, q0, nq, p->E, p->scale, w.qt, Tp, w.qf, &ldq);
         for (int64_t i = 0; i < Tp; i++)
             w.m[i] = -INFINITY, w.l[i] = 0.0f;
-        bool first = true;
+        memset(w.acc, 0, (size_t)(nq * p->Ev) * sizeof(float));
         blist bl;
         row_list(p, b, h, qb, &bl);
         tile_pos t = {b, h, q0, nq, 0, 0, q0 - qb * p->bs, 0, false, NULL};
@@ -269,18 +400,27 @@ static void fwd_unit(plan *p, float *wsb, int64_t u)
             for (t.kv0 = kb * p->bs; t.kv0 < kend; t.kv0 += p->T) {
                 t.nk = min64(p->T, kend - t.kv0);
                 t.ok = t.kv0 - kb * p->bs;
-                int64_t ldk, ldv;
+                const uint8_t *keep;
+                int64_t kld, ldk, ldv;
+                int n = tile_rects(p, &w, &t, false, rects, &keep, &kld);
+                if (!n) continue;
                 const float *K = rows_f32(&p->k, b, hk, t.kv0, t.nk, p->E, w.kf, &ldk);
-                scores(p, &w, K, ldk, &t, false);
-                at_softmax_update(w.s, t.nk, Tp, Tp, w.m, w.l, w.alpha);
                 const float *V = rows_f32(&p->v, b, hk, t.kv0, t.nk, p->Ev, w.vf, &ldv);
-                at_gemm(nq, p->Ev, t.nk, w.s, 1, Tp, V, ldv, w.acc, p->Ev, !first, w.alpha);
-                first = false;
+                for (int x = 0; x < n; x++) {
+                    const rect *r = &rects[x];
+                    float *S = w.s + roff(p, r);
+                    scores(p, &w, K, ldk, &t, keep, kld, r, false);
+                    at_softmax_update(S, r->nr, Tp, r->ncp, w.m + r->c0, w.l + r->c0,
+                                      w.alpha + r->c0);
+                    /* acc starts at zero: alpha (0 before any kept key) times it adds nothing */
+                    at_gemm(r->nc, p->Ev, r->nr, S, 1, Tp, V + r->r0 * ldv, ldv,
+                            w.acc + r->c0 * p->Ev, p->Ev, true, w.alpha + r->c0);
+                }
             }
         }
         for (int64_t i = 0; i < nq; i++)
             w.alpha[i] = w.l[i] > 0.0f ? 1.0f / w.l[i] : 0.0f;
-        write_rows(&p->o, b, h, q0, nq, p->Ev, first ? NULL : w.acc, p->Ev, w.alpha, 0.0f, w.row);
+        write_rows(&p->o, b, h, q0, nq, p->Ev, w.acc, p->Ev, w.alpha, 0.0f, w.row);
         if (p->lse.data)
             for (int64_t i = 0; i < nq; i++)
                 *(float *)trow(&p->lse, b, h, q0 + i) =
@@ -305,19 +445,24 @@ static void load_q_side(const plan *p, wsl *w, int64_t b, int64_t h, int64_t q0,
     }
 }
 
-/* dS of a sub-tile into w->dp (P left in w->s): P = exp(S - lse), dP = V dOt,
- * dS = P (dP - D), then the score mod's derivative (parameter gradients into dparam). */
+/* dS of a rectangle into w->dp (P left in w->s): P = exp(S - lse), dP = V dOt,
+ * dS = P (dP - D), then the score mod's derivative (parameter gradients into dparam); with
+ * dv, dV += P^T dO over the rectangle's queries. */
 static void grad_scores(const plan *p, wsl *w, const float *V, int64_t ldv, const tile_pos *t,
-                        float *dparam, const float *dO, int64_t lddo, float *dv, bool first)
+                        const rect *r, float *dparam, const float *dO, int64_t lddo, float *dv)
 {
     int64_t Tp = p->Tp;
-    at_exp_sub(w->s, t->nk, Tp, Tp, w->lse);
-    if (dv) at_gemm(t->nk, p->Ev, t->nq, w->s, Tp, 1, dO, lddo, dv, p->Ev, !first, NULL);
-    at_gemm(t->nk, Tp, p->Ev, V, ldv, 1, w->dot, Tp, w->dp, Tp, false, NULL);
-    at_dsoftmax(w->s, w->dp, t->nk, Tp, Tp, w->D);
+    float *S = w->s + roff(p, r), *dP = w->dp + roff(p, r);
+    at_exp_sub(S, r->nr, Tp, r->ncp, w->lse + r->c0);
+    if (dv)
+        at_gemm(r->nr, p->Ev, r->nc, S, Tp, 1, dO + r->c0 * lddo, lddo, dv + r->r0 * p->Ev, p->Ev,
+                true, NULL);
+    at_gemm(r->nr, r->ncp, p->Ev, V + r->r0 * ldv, ldv, 1, w->dot + r->c0, Tp, dP, Tp, false,
+            NULL);
+    at_dsoftmax(S, dP, r->nr, Tp, r->ncp, w->D + r->c0);
     if (p->mod_grad) {
-        ct_attn_tile at = {t->b, t->h, t->q0, t->nq, t->kv0, t->nk, 1, Tp};
-        p->sm->grad(p->sm->ctx, &at, w->raw, w->dp, dparam);
+        ct_attn_tile at = {t->b, t->h, t->q0 + r->c0, r->nc, t->kv0 + r->r0, r->nr, 1, Tp};
+        p->sm->grad(p->sm->ctx, &at, w->raw + roff(p, r), dP, dparam);
     }
 }
 
@@ -328,11 +473,14 @@ static void dkv_unit(plan *p, float *wsb, int64_t u)
     int64_t bh = u / p->nkb, kb = u % p->nkb, b = bh / p->Hkv, hk = bh % p->Hkv, Tp = p->Tp;
     int64_t kend = min64(p->S, (kb + 1) * p->bs);
     size_t area = (size_t)(p->bs * p->bs);
+    rect rects[NCH_MAX];
     for (int64_t k0 = kb * p->bs; k0 < kend; k0 += p->T) {
         int64_t nk = min64(p->T, kend - k0), ldk, ldv;
         const float *K = rows_f32(&p->k, b, hk, k0, nk, p->E, w.kf, &ldk);
         const float *V = rows_f32(&p->v, b, hk, k0, nk, p->Ev, w.vf, &ldv);
-        bool first = true;
+        /* the sums start at zero, then every rectangle adds to them */
+        memset(w.acc, 0, (size_t)(nk * p->E) * sizeof(float));
+        memset(w.acc2, 0, (size_t)(nk * p->Ev) * sizeof(float));
         for (int64_t h = hk * p->G; h < (hk + 1) * p->G; h++) {
             blist bl;
             col_list(p, b, h, kb, &bl);
@@ -343,22 +491,25 @@ static void dkv_unit(plan *p, float *wsb, int64_t u)
                 for (t.q0 = qb * p->bs; t.q0 < qend; t.q0 += p->T) {
                     t.nq = min64(p->T, qend - t.q0);
                     t.oq = t.q0 - qb * p->bs;
+                    const uint8_t *keep;
+                    int64_t kld;
+                    int n = tile_rects(p, &w, &t, true, rects, &keep, &kld);
+                    if (!n) continue;
                     const float *Q, *dO;
                     int64_t ldq, lddo;
                     load_q_side(p, &w, b, h, t.q0, t.nq, &Q, &ldq, &dO, &lddo);
-                    scores(p, &w, K, ldk, &t, true);
-                    grad_scores(p, &w, V, ldv, &t, NULL, dO, lddo, w.acc2, first);
-                    at_gemm(nk, p->E, t.nq, w.dp, Tp, 1, Q, ldq, w.acc, p->E, !first, NULL);
-                    first = false;
+                    for (int x = 0; x < n; x++) {
+                        const rect *r = &rects[x];
+                        scores(p, &w, K, ldk, &t, keep, kld, r, true);
+                        grad_scores(p, &w, V, ldv, &t, r, NULL, dO, lddo, w.acc2);
+                        at_gemm(r->nr, p->E, r->nc, w.dp + roff(p, r), Tp, 1, Q + r->c0 * ldq,
+                                ldq, w.acc + r->r0 * p->E, p->E, true, NULL);
+                    }
                 }
             }
         }
-        if (p->dk.data)
-            write_rows(&p->dk, b, hk, k0, nk, p->E, first ? NULL : w.acc, p->E, NULL, p->scale,
-                       w.row);
-        if (p->dv.data)
-            write_rows(&p->dv, b, hk, k0, nk, p->Ev, first ? NULL : w.acc2, p->Ev, NULL, 1.0f,
-                       w.row);
+        if (p->dk.data) write_rows(&p->dk, b, hk, k0, nk, p->E, w.acc, p->E, NULL, p->scale, w.row);
+        if (p->dv.data) write_rows(&p->dv, b, hk, k0, nk, p->Ev, w.acc2, p->Ev, NULL, 1.0f, w.row);
     }
 }
 
@@ -368,11 +519,12 @@ static void dq_item(plan *p, wsl *w, int64_t item, float *dparam)
     int64_t bh = item / p->nqb, qb = item % p->nqb, b = bh / p->Hq, h = bh % p->Hq;
     int64_t hk = h / p->G, Tp = p->Tp, qend = min64(p->L, (qb + 1) * p->bs);
     size_t area = (size_t)(p->bs * p->bs);
+    rect rects[NCH_MAX];
     for (int64_t q0 = qb * p->bs; q0 < qend; q0 += p->T) {
         int64_t nq = min64(p->T, qend - q0), ldq, lddo;
         const float *Q, *dO;
         load_q_side(p, w, b, h, q0, nq, &Q, &ldq, &dO, &lddo);
-        bool first = true;
+        memset(w->acc, 0, (size_t)(nq * p->E) * sizeof(float));
         blist bl;
         row_list(p, b, h, qb, &bl);
         tile_pos t = {b, h, q0, nq, 0, 0, q0 - qb * p->bs, 0, false, NULL};
@@ -382,18 +534,23 @@ static void dq_item(plan *p, wsl *w, int64_t item, float *dparam)
             for (t.kv0 = kb * p->bs; t.kv0 < kend; t.kv0 += p->T) {
                 t.nk = min64(p->T, kend - t.kv0);
                 t.ok = t.kv0 - kb * p->bs;
-                int64_t ldk, ldv;
+                const uint8_t *keep;
+                int64_t kld, ldk, ldv;
+                int n = tile_rects(p, w, &t, false, rects, &keep, &kld);
+                if (!n) continue;
                 const float *K = rows_f32(&p->k, b, hk, t.kv0, t.nk, p->E, w->kf, &ldk);
                 const float *V = rows_f32(&p->v, b, hk, t.kv0, t.nk, p->Ev, w->vf, &ldv);
-                scores(p, w, K, ldk, &t, true);
-                grad_scores(p, w, V, ldv, &t, dparam, NULL, 0, NULL, first);
-                at_gemm(nq, p->E, t.nk, w->dp, 1, Tp, K, ldk, w->acc, p->E, !first, NULL);
-                first = false;
+                for (int x = 0; x < n; x++) {
+                    const rect *r = &rects[x];
+                    scores(p, w, K, ldk, &t, keep, kld, r, true);
+                    grad_scores(p, w, V, ldv, &t, r, dparam, NULL, 0, NULL);
+                    at_gemm(r->nc, p->E, r->nr, w->dp + roff(p, r), 1, Tp, K + r->r0 * ldk, ldk,
+                            w->acc + r->c0 * p->E, p->E, true, NULL);
+                }
             }
         }
         if (p->dq.data)
-            write_rows(&p->dq, b, h, q0, nq, p->E, first ? NULL : w->acc, p->E, NULL, p->scale,
-                       w->row);
+            write_rows(&p->dq, b, h, q0, nq, p->E, w->acc, p->E, NULL, p->scale, w->row);
     }
 }
 
