@@ -159,7 +159,7 @@ static const struct {
 /* Keys accepted without effect on the maths. */
 static const char *IGNORED[] = {
     "transformers_version", "use_cache",         "initializer_range",    "pad_token_id",
-    "_name_or_path",        "max_window_layers", "pretraining_tp",       "output_attentions",
+    "_name_or_path",        "pretraining_tp",    "output_attentions",
     "output_hidden_states", "return_dict",       "tokenizer_class",      "_attn_implementation",
     "sep_token_id",         "unk_token_id",      "decoder_start_token_id"};
 
@@ -273,6 +273,97 @@ static ct_status get_token(const json_t *v, const char *what, const char *key, i
     return CT_OK;
 }
 
+/* The attention window of config.json as transformers 5.25 applies it, in ctorch's terms.
+ * transformers' "sliding_window" = S lets the query at position q see the keys kv with
+ * q - S < kv <= q (masking_utils.sliding_window_overlay AND causal): S keys, itself included.
+ * ctorch's window W lets it see q - W <= kv <= q: W + 1 keys. So W = S - 1; S = 1 (each token
+ * sees itself alone) has no ctorch window (W = 0 is full causal attention). Which layers:
+ * MistralForCausalLM windows every layer when sliding_window is an integer (layer_types play no
+ * part in its maths); Qwen2ForCausalLM only with use_sliding_window true (else sliding_window is
+ * dropped), and then the layers layer_types calls "sliding_attention", or, without layer_types,
+ * layers max_window_layers (default 28) and up. ctorch has one window for every layer, so all
+ * layers must be windowed or none. */
+static ct_status parse_window(ct_hf_arch arch, int64_t n_layer, const json_t *sliding,
+                              bool use_sliding, const json_t *max_window,
+                              const json_t *layer_types, const char *what, int64_t *window)
+{
+    *window = 0;
+    bool on = sliding && (arch == CT_HF_MISTRAL || (arch == CT_HF_QWEN2 && use_sliding));
+    long long S = sliding ? (long long)json_integer_value(sliding) : 0;
+    int64_t nwin = 0; /* layers transformers windows */
+    if (layer_types) { /* transformers 5: one attention kind per layer */
+        if (!json_is_array(layer_types) || (int64_t)json_array_size(layer_types) != n_layer)
+            return ct_error(CT_EFORMAT,
+                            "%s: \"layer_types\" must be a list of %lld strings (one per layer)",
+                            what, (long long)n_layer);
+        for (size_t i = 0; i < json_array_size(layer_types); i++) {
+            const json_t *e = json_array_get(layer_types, i);
+            const char *k = json_is_string(e) ? json_string_value(e) : NULL;
+            bool win = k && !strcmp(k, "sliding_attention");
+            if (!win && !(k && !strcmp(k, "full_attention")))
+                return ct_error(CT_EUNSUPPORTED,
+                                "%s: \"layer_types\" entry %zu is %s: only \"full_attention\" and "
+                                "\"sliding_attention\" layers are supported",
+                                what, i, k ? k : "not a string");
+            if (win && arch == CT_HF_LLAMA)
+                return ct_error(CT_EUNSUPPORTED,
+                                "%s: \"layer_types\" entry %zu is sliding_attention: "
+                                "LlamaForCausalLM has no sliding window (only \"full_attention\" "
+                                "layers)",
+                                what, i);
+            nwin += win;
+        }
+    }
+    if (arch == CT_HF_MISTRAL && layer_types && nwin != (on ? n_layer : 0))
+        return ct_error(CT_EUNSUPPORTED,
+                        "%s: \"layer_types\" has %lld \"sliding_attention\" layers of %lld, but "
+                        "MistralForCausalLM applies \"sliding_window\" (%s) to every layer: "
+                        "layer_types must say %s for each (per-layer windows are not supported)",
+                        what, (long long)nwin, (long long)n_layer, on ? "an integer" : "null",
+                        on ? "\"sliding_attention\"" : "\"full_attention\"");
+    if (arch == CT_HF_QWEN2 && !on && nwin)
+        return ct_error(CT_EFORMAT,
+                        "%s: \"layer_types\" has \"sliding_attention\" layers, but there is no "
+                        "window (\"use_sliding_window\" is %s, \"sliding_window\" %s): "
+                        "transformers cannot run it either",
+                        what, use_sliding ? "true" : "false or absent",
+                        sliding ? "an integer" : "null or absent");
+    if (arch == CT_HF_QWEN2 && on && !layer_types) {
+        int64_t mwl = 28; /* Qwen2Config's default */
+        if (max_window) {
+            if (!plain_int(max_window))
+                return ct_error(CT_EFORMAT,
+                                "%s: \"max_window_layers\" must be an integer (with "
+                                "\"use_sliding_window\" true, the first windowed layer)",
+                                what);
+            mwl = (int64_t)json_integer_value(max_window);
+        }
+        nwin = mwl <= 0 ? n_layer : mwl >= n_layer ? 0 : n_layer - mwl;
+    }
+    if (arch == CT_HF_MISTRAL && on) nwin = n_layer;
+    if (!on || nwin == 0) return CT_OK;
+    if (nwin != n_layer)
+        return ct_error(CT_EUNSUPPORTED,
+                        "%s: \"use_sliding_window\" true with \"sliding_window\" = %lld windows %lld "
+                        "of the %lld layers (%s): ctorch applies one window to every layer, so all "
+                        "layers or none can be windowed (\"max_window_layers\": 0 windows all)",
+                        what, S, (long long)nwin, (long long)n_layer,
+                        layer_types ? "\"layer_types\"" : "layers from \"max_window_layers\" on");
+    if (S < 1)
+        return ct_error(CT_EFORMAT,
+                        "%s: \"sliding_window\" must be >= 1 (the keys a token sees, itself "
+                        "included) or null, got %lld",
+                        what, S);
+    if (S == 1)
+        return ct_error(CT_EUNSUPPORTED,
+                        "%s: \"sliding_window\" = 1 (each token sees itself alone) is not "
+                        "supported: ctorch's window is sliding_window - 1 earlier tokens, and "
+                        "its window 0 means full causal attention",
+                        what);
+    *window = (int64_t)(S - 1);
+    return CT_OK;
+}
+
 ct_status ct_hf_config_parse(const char *text, size_t len, ct_gpt_config *c, ct_hf_info *info)
 {
     const char *what = "config.json";
@@ -293,8 +384,8 @@ ct_status ct_hf_config_parse(const char *text, size_t len, ct_gpt_config *c, ct_
     info->bos_token = info->eos_token = -1;
     int64_t kv = -1, hd = 0;
     bool have[6] = {false};
-    bool sliding = false, sliding_set = false, theta_top = false, scaling_set = false;
-    const json_t *rope_params = NULL, *layer_types = NULL;
+    bool sliding_set = false, use_sliding = false, theta_top = false, scaling_set = false;
+    const json_t *rope_params = NULL, *layer_types = NULL, *sliding = NULL, *max_window = NULL;
     const char *arch = NULL, *mtype = NULL;
     const char *unknown = NULL; /* the first unknown key: reported once the architecture is known */
     const char *key;
@@ -396,7 +487,15 @@ ct_status ct_hf_config_parse(const char *text, size_t len, ct_gpt_config *c, ct_
                 s = ct_error(CT_EUNSUPPORTED, "%s: \"hidden_act\" must be \"silu\"", what);
                 goto done;
             }
-        } else if (!strcmp(key, "mlp_bias") || !strcmp(key, "use_sliding_window")) {
+        } else if (!strcmp(key, "use_sliding_window")) {
+            if (!json_is_boolean(v)) {
+                s = ct_error(CT_EFORMAT, "%s: \"%s\" must be true or false", what, key);
+                goto done;
+            }
+            use_sliding = json_is_true(v);
+        } else if (!strcmp(key, "max_window_layers")) {
+            max_window = v;
+        } else if (!strcmp(key, "mlp_bias")) {
             if (!json_is_false(v)) {
                 s = ct_error(CT_EUNSUPPORTED, "%s: \"%s\" must be false", what, key);
                 goto done;
@@ -413,8 +512,8 @@ ct_status ct_hf_config_parse(const char *text, size_t len, ct_gpt_config *c, ct_
             }
         } else if (!strcmp(key, "sliding_window")) {
             sliding_set = true;
-            sliding = !json_is_null(v);
-            if (sliding && !json_is_integer(v)) {
+            sliding = json_is_null(v) ? NULL : v;
+            if (sliding && !plain_int(v)) {
                 s = ct_error(CT_EFORMAT, "%s: \"sliding_window\" must be an integer or null", what);
                 goto done;
             }
@@ -459,15 +558,6 @@ ct_status ct_hf_config_parse(const char *text, size_t len, ct_gpt_config *c, ct_
         }
         c->qkv_bias = true; /* Qwen2: q/k/v biases, none on o_proj */
         c->o_bias = false;
-    } else if (sliding) {
-        long long sw = (long long)json_integer_value(json_object_get(j, "sliding_window"));
-        s = ct_error(CT_EUNSUPPORTED,
-                     "%s: \"sliding_window\" is %lld, and it must be null (no sliding window): "
-                     "ctorch reads Mistral without one (Mistral 7B v0.2 and later write null), "
-                     "and attention limited to the last %lld tokens is not implemented for "
-                     "Hugging Face models",
-                     what, sw, sw);
-        goto done;
     } else if (sliding_set && info->arch == CT_HF_LLAMA) {
         s = ct_error(CT_EFORMAT, "%s: unknown key \"sliding_window\" for Llama", what);
         goto done;
@@ -476,23 +566,9 @@ ct_status ct_hf_config_parse(const char *text, size_t len, ct_gpt_config *c, ct_
         s = ct_error(CT_EFORMAT, "%s: unknown key \"use_sliding_window\"", what);
         goto done;
     }
-    if (layer_types) { /* transformers 5: one attention kind per layer */
-        if (!json_is_array(layer_types) || (int64_t)json_array_size(layer_types) != c->n_layer) {
-            s = ct_error(CT_EFORMAT, "%s: \"layer_types\" must be a list of %lld strings (one "
-                         "per layer)", what, (long long)c->n_layer);
-            goto done;
-        }
-        for (size_t i = 0; i < json_array_size(layer_types); i++) {
-            const json_t *e = json_array_get(layer_types, i);
-            if (!json_is_string(e) || strcmp(json_string_value(e), "full_attention")) {
-                s = ct_error(CT_EUNSUPPORTED,
-                             "%s: \"layer_types\" entry %zu is %s: only \"full_attention\" "
-                             "layers are supported (no sliding window)",
-                             what, i, json_is_string(e) ? json_string_value(e) : "not a string");
-                goto done;
-            }
-        }
-    }
+    if ((s = parse_window(info->arch, c->n_layer, sliding, use_sliding, max_window, layer_types,
+                          what, &c->window)))
+        goto done;
     if (rope_params && !json_is_null(rope_params)) { /* transformers 5 */
         ct_gpt_config r = *c;
         r.rope_scaling = CT_ROPE_SCALING_NONE;
@@ -1312,6 +1388,24 @@ static ct_status config_json(const ct_gpt *m, const ct_hf_model *like, ct_hf_arc
     json_object_set_new(j, "vocab_size", json_integer(c->vocab_size));
     if (arch != CT_HF_QWEN2 && (json_object_get(j, "attention_bias") || c->qkv_bias || !like))
         json_object_set_new(j, "attention_bias", json_boolean(c->qkv_bias));
+    /* the window as transformers reads it (parse_window): sliding_window = window + 1 on every
+     * layer. Mistral's is always written (MistralConfig's default is 4096, not null); Qwen2's
+     * layers are all windowed (max_window_layers 0, layer_types) or, without a window, the
+     * source's keys stay (they parsed to no window) */
+    if (arch == CT_HF_MISTRAL)
+        json_object_set_new(j, "sliding_window",
+                            c->window ? json_integer(c->window + 1) : json_null());
+    if (arch == CT_HF_QWEN2 && c->window) {
+        json_object_set_new(j, "use_sliding_window", json_true());
+        json_object_set_new(j, "sliding_window", json_integer(c->window + 1));
+        json_object_set_new(j, "max_window_layers", json_integer(0));
+    }
+    if (json_object_get(j, "layer_types") || (arch == CT_HF_QWEN2 && c->window)) {
+        json_t *lt = json_array();
+        for (int64_t i = 0; lt && i < c->n_layer; i++)
+            json_array_append_new(lt, json_string(c->window ? "sliding_attention" : "full_attention"));
+        json_object_set_new(j, "layer_types", lt);
+    }
     /* the dtype under the source's key: "dtype" (transformers 5) or "torch_dtype" */
     bool new_keys = json_object_get(j, "dtype") && !json_object_get(j, "torch_dtype");
     json_object_del(j, new_keys ? "torch_dtype" : "dtype");
@@ -1390,7 +1484,11 @@ ct_status ct_hf_save(ct_gpt *m, const ct_hf_model *like, const char *dir,
     if (dt != CT_DTYPE_F32 && dt != CT_DTYPE_F16 && dt != CT_DTYPE_BF16)
         return ct_error(CT_EINVAL, "%s: dtype must be f32, f16 or bf16", fn);
     ct_hf_arch arch = like ? like->info.arch : o.arch;
-    if (!arch) arch = m->cfg.qkv_bias && !m->cfg.o_bias ? CT_HF_QWEN2 : CT_HF_LLAMA;
+    /* by default: Qwen2 for q/k/v biases alone; else Mistral for a sliding window, Llama without */
+    if (!arch)
+        arch = m->cfg.qkv_bias && !m->cfg.o_bias ? CT_HF_QWEN2
+               : m->cfg.window                   ? CT_HF_MISTRAL
+                                                 : CT_HF_LLAMA;
     if (arch < CT_HF_LLAMA || arch > CT_HF_MISTRAL)
         return ct_error(CT_EINVAL, "%s: arch %d is not a ct_hf_arch", fn, (int)arch);
     if (arch == CT_HF_QWEN2 ? (!m->cfg.qkv_bias || m->cfg.o_bias)
@@ -1402,11 +1500,15 @@ ct_status ct_hf_save(ct_gpt *m, const ct_hf_model *like, const char *dir,
     if (arch == CT_HF_MISTRAL && m->cfg.qkv_bias)
         return ct_error(CT_EINVAL, "%s: MistralForCausalLM has no attention biases", fn);
     /* what the Hugging Face Llama family cannot express, by setting */
-    if (m->cfg.window)
+    if (m->cfg.window && arch == CT_HF_LLAMA)
         return ct_error(CT_EINVAL,
-                        "%s: the model's \"window\" = %lld (a causal sliding window) has no "
-                        "Hugging Face Llama / Qwen2 / Mistral layout here",
+                        "%s: the model's \"window\" = %lld (a causal sliding window) has no place "
+                        "in LlamaForCausalLM: save it as MistralForCausalLM (no biases) or "
+                        "Qwen2ForCausalLM (q/k/v biases)",
                         fn, (long long)m->cfg.window);
+    if (m->cfg.window == INT64_MAX)
+        return ct_error(CT_EINVAL, "%s: the model's \"window\" = %lld has no sliding_window "
+                        "(window + 1)", fn, (long long)m->cfg.window);
     if (m->cfg.score_mod[0] || m->cfg.mask_mod[0])
         return ct_error(CT_EINVAL,
                         "%s: the model's compiled \"%s\" (%s) has no Hugging Face "
