@@ -412,8 +412,9 @@ def _saved_config(tmp_path, name, cfg, arch):
 def test_real_model_configs(tmp_path):
     """config.json of Llama 3 8B, Llama 3.1 8B, Qwen2.5 7B and Mistral 7B v0.3 with their real
     values, written by transformers 5.25 (rope_parameters, nulls, keys ctorch ignores), read by
-    ctorch into the same model; GPT-2's and Mistral 7B v0.1's (a 4096 sliding window) refused by
-    name."""
+    ctorch into the same model; Mistral 7B v0.1's (a 4096 sliding window on every layer) read as
+    ctorch's window 4095 (transformers' sliding_window S is S - 1 earlier tokens: test_hf_window);
+    GPT-2's refused by name."""
     L3 = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
               num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
               rms_norm_eps=1e-5, rope_theta=500000.0, bos_token_id=128000, eos_token_id=128001,
@@ -452,7 +453,9 @@ def test_real_model_configs(tmp_path):
     d = _saved_config(tmp_path, "gpt2", transformers.GPT2Config(), "GPT2LMHeadModel")
     with pytest.raises(CtorchError, match='architecture "GPT2LMHeadModel" is not supported'):
         models._read_config(str(d / "config.json"), str(d))  # was: unknown key "activation_function"
-    d = _saved_config(tmp_path, "mistral01", transformers.MistralConfig(**dict(M03, sliding_window=4096)),
-                      "MistralForCausalLM")
-    with pytest.raises(CtorchError, match='"sliding_window" is 4096, and it must be null'):
-        models._read_config(str(d / "config.json"), str(d))
+    M01 = dict(M03, vocab_size=32000, rope_theta=10000.0, sliding_window=4096)
+    d = _saved_config(tmp_path, "mistral01", transformers.MistralConfig(**M01), "MistralForCausalLM")
+    assert json.load(open(d / "config.json"))["sliding_window"] == 4096
+    c, bos, eos = models._read_config(str(d / "config.json"), str(d))
+    assert (c["window"], c["vocab_size"], c["context"], c["rope_base"], c["n_kv_head"], bos, eos) == \
+        (4095, 32000, 32768, 10000.0, 8, 1, 2)
