@@ -272,8 +272,8 @@ static void scores(const plan *p, wsl *w, const float *K, int64_t ldk, const til
  * Inside a partial sub-tile, the rectangles where every pair is masked contribute exact zeros
  * (P = 0: nothing to the softmax sums, the maxima or any product), so they are skipped: the
  * forward and dQ passes take the queries in chunks of CHUNK columns, each over the keys from its
- * first to its last kept one (the first rounded down to even, which keeps the softmax's
- * even/odd row sums paired as over the whole tile); the dK/dV pass takes the keys in chunks of
+ * first to its last kept one (the first rounded down to even: each row keeps its parity in the
+ * softmax's two row accumulators); the dK/dV pass takes the keys in chunks of
  * CHUNK rows, each over the queries of its kept pairs (8-column steps). The results are those
  * of the whole sub-tile (up to the sign of a zero); a sub-tile the trimming would not shrink by
  * a fifth is taken whole. Causal diagonal blocks shrink by ~3/8, a block of two documents by

@@ -1,7 +1,8 @@
 /* FlexAttention forward and backward against the naive materialised reference: every built-in
  * mask and score mod, GQA, cross-attention lengths, odd lengths and block sizes, head dims
  * E != Ev, bf16, strided views, a user mask and score mod, fully masked rows, finite
- * differences of the reference, and determinism across runs and thread counts. */
+ * differences of the reference, determinism across runs and thread counts, and the skipped
+ * masked rectangles of partial tiles against every pair computed and masked by -inf. */
 #include "test_attention_ref.h"
 
 #define TOL 1e-4
@@ -392,6 +393,86 @@ static void test_empty(void)
 }
 
 /* The backward is the same bits across runs and across 1 and 2 threads. */
+/* ---- skipping the masked rectangles of partial tiles changes no result -------------------- */
+
+/* A score mod adding -inf where its mask_mod drops a pair: with a block mask whose every block
+ * is full, the kernels compute every pair, the arithmetic the masked path skips. */
+static void minus_inf_fwd(void *ctx, const ct_attn_tile *t, float *s)
+{
+    const ct_mask_mod *m = ctx;
+    uint8_t *keep = malloc((size_t)(t->nq * t->nkv));
+    ct_attn_tile u = *t;
+    u.q_stride = 1, u.kv_stride = t->nq;
+    m->tile(m->ctx, &u, keep);
+    for (int64_t j = 0; j < t->nkv; j++)
+        for (int64_t i = 0; i < t->nq; i++)
+            if (!keep[j * t->nq + i]) s[i * t->q_stride + j * t->kv_stride] = -INFINITY;
+    free(keep);
+}
+
+static int same_values(const float *a, const float *b, size_t n, const char *what)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!(a[i] == b[i]) && !(isinf(a[i]) && a[i] == b[i])) {
+            fprintf(stderr, "  %s: [%zu] %.9g vs %.9g\n", what, i, (double)a[i], (double)b[i]);
+            return 0;
+        }
+    return 1;
+}
+
+/* The trimmed partial tiles (queries in chunks over the keys they keep; keys in chunks over
+ * the queries) against every pair computed and masked by -inf: the same values (bits up to
+ * the sign of a zero), out, lse, dq, dk and dv, at several block sizes (sub-tiles of 128, 64,
+ * 100 rows) and with GQA. */
+static void test_trim(void)
+{
+    enum { L = 300 };
+    int32_t ids[2 * L];
+    for (int i = 0; i < L; i++)
+        ids[i] = i < 37 ? 0 : i < 101 ? 1 : i < 102 ? 2 : i < 230 ? 3 : 4, ids[L + i] = i / 64;
+    ct_mask_mod causal, win, doc, kids[2], mods[2], noop;
+    CHECK_OK(ct_mask_mod_causal(&causal));
+    CHECK_OK(ct_mask_mod_sliding_window(20, true, &win));
+    CHECK_OK(ct_mask_mod_document(ids, NULL, 2, L, L, &doc));
+    CHECK_OK(ct_mask_mod_noop(&noop));
+    kids[0] = causal, kids[1] = doc;
+    CHECK_OK(ct_mask_mod_and(kids, 2, &mods[0]));
+    kids[0] = win;
+    CHECK_OK(ct_mask_mod_and(kids, 2, &mods[1]));
+    static const int64_t sizes[] = {128, 64, 200};
+    for (int mi = 0; mi < 2; mi++)
+        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+            ct_score_mod sm = {minus_inf_fwd, NULL, &mods[mi], NULL, NULL, 0};
+            acase c = mk(2, 4, 2, L, L, 32, 16, &mods[mi], NULL), cf = c;
+            cf.mask = &noop, cf.sm = &sm;
+            abufs a, f;
+            abufs_init(&a, &c);
+            abufs_init(&f, &cf);
+            memcpy(f.q, a.q, a_nq(&c) * sizeof(float));
+            memcpy(f.k, a.k, a_nk(&c) * sizeof(float));
+            memcpy(f.v, a.v, a_nv(&c) * sizeof(float));
+            memcpy(f.dout, a.dout, a_no(&c) * sizeof(float));
+            ct_block_mask *bm = NULL, *full = NULL;
+            CHECK_OK(ct_block_mask_create(&mods[mi], 2, 4, L, L, sizes[si], &bm));
+            CHECK_OK(ct_block_mask_create(&noop, 2, 4, L, L, sizes[si], &full));
+            CHECK_OK(a_run(&c, bm, &a));
+            CHECK_OK(a_run(&cf, full, &f));
+            char w[64];
+            snprintf(w, sizeof w, "trim mask %d bs %lld", mi, (long long)sizes[si]);
+            CHECK(same_values(a.out, f.out, a_no(&c), w));
+            CHECK(same_values(a.lse, f.lse, (size_t)(2 * 4 * L), w));
+            CHECK(same_values(a.dq, f.dq, a_nq(&c), w));
+            CHECK(same_values(a.dk, f.dk, a_nk(&c), w));
+            CHECK(same_values(a.dv, f.dv, a_nv(&c), w));
+            ct_block_mask_free(bm);
+            ct_block_mask_free(full);
+            abufs_free(&a);
+            abufs_free(&f);
+        }
+    ct_mask_mod_free(&mods[0]), ct_mask_mod_free(&mods[1]), ct_mask_mod_free(&causal);
+    ct_mask_mod_free(&win), ct_mask_mod_free(&doc), ct_mask_mod_free(&noop);
+}
+
 static void test_determinism(void)
 {
     int64_t L = 333, Hq = 4, Hkv = 2, E = 32, T = 21;
@@ -448,11 +529,13 @@ int main(void)
     test_strided();
     test_empty();
     test_determinism();
+    test_trim();
     ct_isa isa = ct_active_isa();
     if (isa == CT_ISA_AVX2 && ct_set_isa(CT_ISA_SCALAR) == CT_OK) { /* the scalar kernels too */
         test_masks();
         test_score_mods();
         test_determinism();
+        test_trim();
         ct_set_isa(isa);
     }
     return t_report("test_attention_flex");
