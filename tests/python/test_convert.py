@@ -241,8 +241,9 @@ def test_pt_state_dict_generates_and_converts(tmp_path):
 
 def test_checkpoint_trained_from_scratch_converts(tmp_path):
     """`ctorch train` with its default model (a few steps) -> `ctorch convert` -> a directory
-    transformers loads with ctorch's logits and greedy tokens; what the Llama family cannot
-    express (a sliding window, a compiled score_mod) is refused by name, leaving nothing."""
+    transformers loads with ctorch's logits and greedy tokens; a sliding window converts to
+    MistralForCausalLM (sliding_window = window + 1: test_hf_window) with the same logits; what
+    the Llama family cannot express (a compiled score_mod) is refused by name, leaving nothing."""
     run_dir = tmp_path / "run"
     run("train", "--steps", 2, "--batch", 1, "--eval-every", 0, "--quiet", "--out", run_dir)
     ck = run_dir / "checkpoint.safetensors"
@@ -267,13 +268,18 @@ def test_checkpoint_trained_from_scratch_converts(tmp_path):
     tiny = ["--vocab", 64, "--classes", 4, "--sentence", 3, "--layers", 1, "--d-model", 16, "--heads", 2,
             "--kv-heads", 1, "--ffn", 16, "--context", 16, "--batch", 1, "--steps", 1, "--eval-every", 0, "--quiet"]
     run("train", *tiny, "--window", 4, "--out", win)
-    r = run("convert", win / "checkpoint.safetensors", tmp_path / "o1", rc=1)
-    assert '"window" = 4' in r.stderr and "sliding window" in r.stderr
+    run("convert", win / "checkpoint.safetensors", tmp_path / "o1")
+    c = json.load(open(tmp_path / "o1" / "config.json"))
+    assert c["architectures"] == ["MistralForCausalLM"] and c["sliding_window"] == 5
+    ids = torch.randint(1, 64, (2, 16), generator=torch.Generator().manual_seed(4))
+    ok, err = rel_close(models.load(win / "checkpoint.safetensors").forward(ids),
+                        ref.logits(ref.load(tmp_path / "o1"), ids))
+    assert ok, err
     sm = tmp_path / "sm"
     run("train", *tiny, "--score-mod", "score + 0.05 * (kv - q)", "--out", sm)
     r = run("convert", sm / "checkpoint.safetensors", tmp_path / "o2", rc=1)
     assert '"score_mod"' in r.stderr
-    assert sorted(os.listdir(tmp_path)) == ["hf", "run", "sm", "win"]
+    assert sorted(os.listdir(tmp_path)) == ["hf", "o1", "run", "sm", "win"]
 
 
 def test_bench_hf_runs_and_cleans_up(tmp_path):
