@@ -4,14 +4,18 @@ bench/torch_ddp.py) and for the tests (tests/python/test_train.py and others imp
 read_safetensors, attention_mask, rmsnorm and rope from here).
 
     .venv/bin/python bench/torch_train.py --weights FILE [--mode eager|compiled]
-                     [--attention causal|mask] [--repeats R] [--threads N]
+                     [--attention causal|mask] [--dtype f32|bf16] [--repeats R] [--threads N]
 
 FILE is a safetensors file written by ctorch (a checkpoint, or `ctorch train --dump-grads`, or
 the one `ctorch bench train` writes): the parameters under ctorch's names, the "config" and
 "train" metadata, and a "tokens" tensor [B, T+1] (the batch: inputs are the first T tokens of
 each row, targets the last T). The script trains on that batch with the same step ctorch takes
 (forward, backward, gradient clipping, AdamW) and prints one JSON object: median step time,
-tokens/s, peak RSS, the tracked peak PyTorch exposes on CPU.
+tokens/s, peak RSS, the tracked peak PyTorch exposes on CPU. --dtype bf16 runs the forward
+(and so the loss) under torch.autocast("cpu", dtype=torch.bfloat16), the mixed precision a
+PyTorch 2.13 user turns on for bf16 training (f32 parameters, gradients and AdamW state; the
+backward outside the context, as the autocast docs recommend), the counterpart of `ctorch train
+--dtype bf16`.
 
 Two models of the same maths:
 - GPT: the reference of the tests, written from definitions (RMSNorm, rotate-half RoPE with f32
@@ -256,6 +260,8 @@ def main():
     ap.add_argument("--mode", choices=["eager", "compiled"], default="eager",
                     help="compiled: torch.compile(model); the optimizer step stays eager")
     ap.add_argument("--attention", choices=["causal", "mask"], default="causal")
+    ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32",
+                    help='bf16: the forward under torch.autocast("cpu", dtype=torch.bfloat16)')
     tc.add_threads_arg(ap)
     a = ap.parse_args()
     tc.set_threads(a.threads)
@@ -264,10 +270,12 @@ def main():
     eos = tr.get("eos_token", -1)
     fwd = torch.compile(model) if a.mode == "compiled" else model
     zl, ls = tr.get("z_loss", 0.0), tr.get("label_smoothing", 0.0)
+    bf16 = a.dtype == "bf16"
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = fwd(tokens, eos, zl, ls)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = fwd(tokens, eos, zl, ls)
         loss.backward()
         if tr.get("clip", 0) > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), tr["clip"])
@@ -288,7 +296,8 @@ def main():
     ntok = tokens.shape[0] * (tokens.shape[1] - 1)
     med = statistics.median(ts)
     out = tc.header(a.mode, model="SdpaGPT (F.scaled_dot_product_attention, F.linear + F.cross_entropy)",
-                    attention=mask_note(model.cfg, tokens, eos, a.attention))
+                    attention=mask_note(model.cfg, tokens, eos, a.attention), dtype=a.dtype,
+                    autocast='torch.autocast("cpu", dtype=torch.bfloat16)' if bf16 else None)
     out.update(step={"median_s": med, "min_s": min(ts), "max_s": max(ts), "repeats": a.repeats},
                first_step_s=first, tokens_per_s=ntok / med, peak_rss_bytes=rss,
                state_bytes=state, peak_tracked_bytes=state + extra,

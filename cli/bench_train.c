@@ -13,11 +13,16 @@
 
 typedef struct tcase {
     ct_trainer *t;
+    json_t *losses; /* each step's loss, the warm-up's first (the loss at the initial weights) */
 } tcase;
 
 static ct_status run_step(void *p)
 {
-    return ct_trainer_step(((tcase *)p)->t, NULL);
+    tcase *tc = p;
+    ct_train_step_info info;
+    ct_status s = ct_trainer_step(tc->t, &info);
+    if (!s) json_array_append_new(tc->losses, json_real(info.loss));
+    return s;
 }
 
 typedef bench_train_conf bconf; /* bench_util.h: shared with bench scaling */
@@ -51,6 +56,7 @@ static ct_train_options step_options(const bconf *c, const char *name)
     o.warmup = 0;
     o.fused_head = strstr(name, "unfused") == NULL;
     o.dense_attention = strstr(name, "dense") != NULL;
+    o.dtype = strstr(name, "bf16") ? CT_DTYPE_BF16 : CT_DTYPE_F32; /* "fused-flex-bf16", ... */
     return o;
 }
 
@@ -106,7 +112,7 @@ static int run_case(bench_ctx *b, const bconf *c, const char *name, const char *
     if (!x) return cli_fail("bench train: corpus", CT_ENOMEM);
     ct_train_options o = step_options(c, name);
     o.steps = 1000000; /* a flat schedule: every timed step does the same work */
-    tcase tc = {NULL};
+    tcase tc = {NULL, json_array()};
     ct_tensor_file *f = NULL;
     ct_memory_stats_t m0, m1;
     ct_memory_stats(&m0);
@@ -118,6 +124,7 @@ static int run_case(bench_ctx *b, const bconf *c, const char *name, const char *
     bench_time bt;
     if (!s) s = bench_time_fn(b->repeats, run_step, &tc, &bt);
     if (s) {
+        json_decref(tc.losses);
         ct_trainer_free(tc.t);
         free(x);
         return cli_fail("bench train", s);
@@ -125,12 +132,15 @@ static int run_case(bench_ctx *b, const bconf *c, const char *name, const char *
     ct_memory_stats(&m1);
     ct_gpt_memory mem = ct_gpt_memory_sizes(ct_trainer_model(tc.t));
     double tokens = (double)(c->batch * c->cfg.context);
-    json_t *j = json_pack("{s:s, s:o, s:f, s:I, s:I, s:{s:I, s:I, s:I, s:I}}", "case", name, "step",
-                          bench_time_json(&bt), "tokens_per_s", tokens / bt.median,
+    json_t *j = json_pack("{s:s, s:s, s:i, s:o, s:f, s:I, s:I, s:{s:I, s:I, s:I, s:I}}", "case", name,
+                          "dtype", o.dtype == CT_DTYPE_BF16 ? "bf16" : "f32", "threads",
+                          ct_num_threads(), "step", bench_time_json(&bt), "tokens_per_s",
+                          tokens / bt.median,
                           "peak_tracked_bytes", (json_int_t)(m1.peak_bytes - m0.current_bytes),
                           "peak_rss_bytes", (json_int_t)bench_peak_rss(), "allocations", "params",
                           (json_int_t)mem.params, "grads", (json_int_t)mem.grads, "optimizer",
                           (json_int_t)mem.optimizer, "activations", (json_int_t)mem.activations);
+    json_object_set_new(j, "losses", tc.losses);
     bench_print_json(j);
     json_decref(j);
     ct_trainer_free(tc.t);
@@ -149,10 +159,10 @@ static void row(const char *label, json_t *c)
 {
     if (!c) return;
     if (!json_object_get(c, "step")) {
-        printf("  %-34s %s\n", label, json_string_value(json_object_get(c, "status")));
+        printf("  %-50s %s\n", label, json_string_value(json_object_get(c, "status")));
         return;
     }
-    printf("  %-34s %8.3f %10.0f", label, jnum(c, "step", "median_s"),
+    printf("  %-50s %8.3f %10.0f", label, jnum(c, "step", "median_s"),
            jnum(c, "tokens_per_s", NULL));
     if (json_object_get(c, "peak_tracked_bytes"))
         printf(" %10.1f MiB", jnum(c, "peak_tracked_bytes", NULL) / 1048576.0);
@@ -161,20 +171,118 @@ static void row(const char *label, json_t *c)
     printf(" %10.1f MiB\n", jnum(c, "peak_rss_bytes", NULL) / 1048576.0);
 }
 
+/* The three ctorch cases and the two PyTorch modes, one row each per dtype. */
+#define NCASE 3
+#define NROW (NCASE + 2)
+static const char *const case_names[NCASE] = {"fused-flex", "unfused-flex", "fused-dense"};
+static const char *const case_keys[NCASE] = {"fused_flex", "unfused_flex", "fused_dense"};
+static const char *const torch_modes[2] = {"eager", "compiled"};
+static const char *const dtype_names[2] = {"f32", "bf16"};
+
+/* A comma-separated LIST of names out of `known` (n of them) into the flags `on`; 0, or 2 with a
+ * message naming the flag and the bad item. */
+static int parse_list(const char *flag, const char *v, const char *const *known, int n, bool *on)
+{
+    for (int k = 0; k < n; k++)
+        on[k] = false;
+    const char *p = v;
+    int any = 0;
+    while (*p) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        int k = 0;
+        while (k < n && !(strlen(known[k]) == len && !strncmp(known[k], p, len)))
+            k++;
+        if (k == n) {
+            fprintf(stderr, "ctorch bench train: %s takes a comma-separated list of", flag);
+            for (int i = 0; i < n; i++)
+                fprintf(stderr, "%s %s", i ? "," : "", known[i]);
+            fprintf(stderr, "; unknown item '%.*s' in '%s'\n", (int)len, p, v);
+            return 2;
+        }
+        on[k] = true;
+        any = 1;
+        p = e ? e + 1 : p + len;
+    }
+    if (!any) {
+        fprintf(stderr, "ctorch bench train: %s needs at least one item\n", flag);
+        return 2;
+    }
+    return 0;
+}
+
+/* Ratios of one dtype's rows, as top-level keys with the suffix sfx ("" for f32, "_bf16"). */
+static void ratios(json_t *j, json_t *const *res, const char *sfx, double *tt, double *rt, double *mt)
+{
+    char key[96];
+    double tf = jnum(res[0], "tokens_per_s", NULL), mf = jnum(res[0], "peak_tracked_bytes", NULL);
+    if (res[0] && res[1]) {
+        double tu = jnum(res[1], "tokens_per_s", NULL), mu = jnum(res[1], "peak_tracked_bytes", NULL);
+        snprintf(key, sizeof key, "fused_vs_unfused%s_tokens_per_s", sfx);
+        json_object_set_new(j, key, json_real(tf / tu));
+        snprintf(key, sizeof key, "fused_vs_unfused%s_peak_tracked", sfx);
+        json_object_set_new(j, key, json_real(mu / mf));
+    }
+    if (res[0] && res[2]) {
+        double td = jnum(res[2], "tokens_per_s", NULL), md = jnum(res[2], "peak_tracked_bytes", NULL);
+        snprintf(key, sizeof key, "flex_vs_dense%s_tokens_per_s", sfx);
+        json_object_set_new(j, key, json_real(tf / td));
+        snprintf(key, sizeof key, "flex_vs_dense%s_peak_tracked", sfx);
+        json_object_set_new(j, key, json_real(md / mf));
+    }
+    for (int k = 0; k < 2; k++) {
+        tt[k] = rt[k] = mt[k] = 0;
+        if (!res[0] || !json_object_get(res[NCASE + k], "step")) continue;
+        tt[k] = tf / jnum(res[NCASE + k], "tokens_per_s", NULL);
+        rt[k] = jnum(res[NCASE + k], "peak_rss_bytes", NULL) / jnum(res[0], "peak_rss_bytes", NULL);
+        mt[k] = jnum(res[NCASE + k], "peak_tracked_bytes", NULL) / mf;
+        snprintf(key, sizeof key, "ctorch_vs_pytorch_%s%s_tokens_per_s", torch_modes[k], sfx);
+        json_object_set_new(j, key, json_real(tt[k]));
+        snprintf(key, sizeof key, "pytorch_%s%s_vs_ctorch_peak_rss", torch_modes[k], sfx);
+        json_object_set_new(j, key, json_real(rt[k]));
+        snprintf(key, sizeof key, "pytorch_%s%s_vs_ctorch_peak_tracked", torch_modes[k], sfx);
+        json_object_set_new(j, key, json_real(mt[k]));
+    }
+}
+
 int bench_train(bench_ctx *b, int argc, char **argv)
 {
     bconf c = {ct_gpt_config_default(), 2};
     c.cfg.context = 512;
     c.cfg.window = 128;
-    const char *which = NULL, *weights = NULL, *tmodes = "eager,compiled", *tattn = "causal";
+    const char *which = NULL, *weights = NULL, *tattn = "causal", *preset = NULL;
+    bool ton[2] = {true, true}, don[2] = {true, false}, con[NCASE] = {true, true, true};
+    /* the preset first, so that the other flags refine it wherever they stand */
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        if (!cli_opt(argc, argv, &i, "--preset", &v)) continue;
+        if (strcmp(v, "gpt2-small")) {
+            fprintf(stderr, "ctorch bench train: --preset must be gpt2-small, got '%s'\n", v);
+            return 2;
+        }
+        /* GPT-2 small's shape: 12 layers, d 768, 12 heads (no GQA), V 50304 (50257 padded to
+         * a multiple of 64), context 1024, tied head, full causal attention; the SwiGLU hidden
+         * size 2048 gives the MLP GPT-2's parameter count (3 x 768 x 2048 = 2 x 768 x 3072) */
+        preset = v;
+        c.cfg.n_layer = 12;
+        c.cfg.d_model = 768;
+        c.cfg.n_head = 12;
+        c.cfg.n_kv_head = 12;
+        c.cfg.d_ff = 2048;
+        c.cfg.vocab_size = 50304;
+        c.cfg.context = 1024;
+        c.cfg.window = 0;
+        c.cfg.tied = true;
+        c.batch = 4;
+    }
     for (int i = 1; i < argc; i++) {
         const char *v;
         long long x;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             puts(
-                "usage: ctorch bench train [--batch B] [--seq T] [--window W] [--layers N] "
-                "[--d-model C]\n"
-                "       [--heads H] [--kv-heads K] [--ffn F] [--vocab V] [--torch-modes LIST]\n"
+                "usage: ctorch bench train [--preset gpt2-small] [--batch B] [--seq T] [--window W]\n"
+                "       [--layers N] [--d-model C] [--heads H] [--kv-heads K] [--ffn F] [--vocab V]\n"
+                "       [--dtype f32|bf16|f32,bf16] [--cases LIST] [--torch-modes LIST]\n"
                 "       [--torch-attention causal|mask] [--no-torch] [--repeats R] [--json]\n"
                 "One training step (forward, backward, gradient clipping, AdamW) of the same model "
                 "on the\n"
@@ -189,14 +297,25 @@ int bench_train(bench_ctx *b, int argc, char **argv)
                 "                 F.cross_entropy), eager and torch.compile'd; --torch-attention mask gives\n"
                 "                 SDPA the model's exact mask (window, documents) instead of is_causal;\n"
                 "                 --torch-modes eager|compiled|eager,compiled (default both), --no-torch\n"
+                "--cases LIST picks ctorch's cases (default fused-flex,unfused-flex,fused-dense; the\n"
+                "ratios to PyTorch are fused-flex's, the trainer's default).\n"
+                "--dtype f32 (default), bf16, or f32,bf16 (a row of each): bf16 runs every case as\n"
+                "`ctorch train --dtype bf16` (bf16 GEMM operands, f32 master weights and\n"
+                "accumulation) beside PyTorch under torch.autocast(\"cpu\", dtype=torch.bfloat16);\n"
+                "f32,bf16 also gives ctorch's bf16 vs f32 step. Without bf16 dot instructions\n"
+                "(AVX512_BF16) both sides widen bf16 to f32: no bf16 speed-up to measure.\n"
                 "Defaults: the default ctorch train model (V 32768, 4 layers, d_model 128, 4 "
                 "heads, 2 kv,\n"
-                "ffn 384) with B=2, T=512 and a causal window of 128. Reports the median step "
-                "time,\n"
-                "tokens/s, the allocator's peak tracked bytes and the process's peak RSS.");
+                "ffn 384) with B=2, T=512 and a causal window of 128. --preset gpt2-small: 12 layers,\n"
+                "d_model 768, 12 heads (12 kv), ffn 2048 (SwiGLU with GPT-2's MLP parameter count),\n"
+                "V 50304, tied head, full causal attention, B=4, T=1024 (other flags refine it).\n"
+                "Reports the median step time, tokens/s, the allocator's peak tracked bytes and the\n"
+                "process's peak RSS.");
             return 0;
         }
-        if (cli_opt(argc, argv, &i, "--batch", &v)) {
+        if (cli_opt(argc, argv, &i, "--preset", &v)) {
+            /* applied above */
+        } else if (cli_opt(argc, argv, &i, "--batch", &v)) {
             if (!cli_int("--batch", v, 1, 4096, &c.batch)) return 2;
         } else if (cli_opt(argc, argv, &i, "--seq", &v)) {
             if (!cli_int("--seq", v, 1, 1 << 16, &x)) return 2;
@@ -222,18 +341,16 @@ int bench_train(bench_ctx *b, int argc, char **argv)
         } else if (cli_opt(argc, argv, &i, "--vocab", &v)) {
             if (!cli_int("--vocab", v, 66, 1 << 20, &x)) return 2;
             c.cfg.vocab_size = x;
+        } else if (cli_opt(argc, argv, &i, "--dtype", &v)) {
+            if (parse_list("--dtype", v, dtype_names, 2, don)) return 2;
+        } else if (cli_opt(argc, argv, &i, "--cases", &v)) {
+            if (parse_list("--cases", v, case_names, NCASE, con)) return 2;
         } else if (cli_opt(argc, argv, &i, "--case", &v)) {
             which = v;
         } else if (cli_opt(argc, argv, &i, "--weights", &v)) {
             weights = v;
         } else if (cli_opt(argc, argv, &i, "--torch-modes", &v)) {
-            if (strcmp(v, "eager") && strcmp(v, "compiled") && strcmp(v, "eager,compiled") &&
-                strcmp(v, "compiled,eager")) {
-                fprintf(stderr, "ctorch bench train: --torch-modes must be eager, compiled or eager,compiled; "
-                                "got '%s'\n", v);
-                return 2;
-            }
-            tmodes = v;
+            if (parse_list("--torch-modes", v, torch_modes, 2, ton)) return 2;
         } else if (cli_opt(argc, argv, &i, "--torch-attention", &v)) {
             if (strcmp(v, "causal") && strcmp(v, "mask")) {
                 fprintf(stderr, "ctorch bench train: --torch-attention must be causal or mask, got '%s'\n", v);
@@ -241,7 +358,7 @@ int bench_train(bench_ctx *b, int argc, char **argv)
             }
             tattn = v;
         } else if (!strcmp(argv[i], "--no-torch")) {
-            tmodes = "";
+            ton[0] = ton[1] = false;
         } else {
             fprintf(stderr, "ctorch bench train: unknown option '%s'\n", argv[i]);
             return 2;
@@ -263,7 +380,7 @@ int bench_train(bench_ctx *b, int argc, char **argv)
     int rc = write_weights(&c, path);
     if (rc) return rc;
     double sg = bench_sgemm_gflops();
-    char sB[32], sT[32], sW[32], sL[32], sC[32], sH[32], sK[32], sF[32], sV[32], sR[32];
+    char sB[32], sT[32], sW[32], sL[32], sC[32], sH[32], sK[32], sF[32], sV[32], sR[32], st[32];
     snprintf(sB, sizeof sB, "%lld", c.batch);
     snprintf(sT, sizeof sT, "%lld", (long long)c.cfg.context);
     snprintf(sW, sizeof sW, "%lld", (long long)c.cfg.window);
@@ -274,101 +391,134 @@ int bench_train(bench_ctx *b, int argc, char **argv)
     snprintf(sF, sizeof sF, "%lld", (long long)c.cfg.d_ff);
     snprintf(sV, sizeof sV, "%lld", (long long)c.cfg.vocab_size);
     snprintf(sR, sizeof sR, "%d", b->repeats);
-    const char *names[3] = {"fused-flex", "unfused-flex", "fused-dense"};
-    json_t *res[5] = {0};
-    for (int k = 0; k < 3 && !rc; k++) {
-        char *args[32] = {"train",     "--case",    (char *)names[k],
-                          "--weights", path,        "--batch",
-                          sB,          "--seq",     sT,
-                          "--window",  sW,          "--layers",
-                          sL,          "--d-model", sC,
-                          "--heads",   sH,          "--kv-heads",
-                          sK,          "--ffn",     sF,
-                          "--vocab",   sV,          "--repeats",
-                          sR,          NULL};
-        res[k] = bench_child(b, args);
-        if (!res[k]) rc = 1;
-    }
-    /* PyTorch 2.13, eager and compiled, each in its own process */
-    static const char *const tm[2] = {"eager", "compiled"};
-    for (int k = 0; k < 2 && !rc; k++) {
-        if (!strstr(tmodes, tm[k])) continue;
-        char st[32];
-        snprintf(st, sizeof st, "%d", ct_num_threads());
-        char *pargs[16] = {"--weights", path, "--repeats", sR, "--mode", (char *)tm[k],
-                           "--attention", (char *)tattn, "--threads", st, NULL};
-        res[3 + k] = bench_python("torch_train.py", pargs);
+    snprintf(st, sizeof st, "%d", ct_num_threads());
+    /* res[d][0..NCASE): ctorch's cases in dtype d; res[d][NCASE + k]: PyTorch's mode k */
+    json_t *res[2][NROW] = {{0}};
+    for (int d = 0; d < 2 && !rc; d++) {
+        if (!don[d]) continue;
+        for (int k = 0; k < NCASE && !rc; k++) {
+            if (!con[k]) continue;
+            char name[64];
+            snprintf(name, sizeof name, "%s%s", case_names[k], d ? "-bf16" : "");
+            char *args[32] = {"train",     "--case",    name,
+                              "--weights", path,        "--batch",
+                              sB,          "--seq",     sT,
+                              "--window",  sW,          "--layers",
+                              sL,          "--d-model", sC,
+                              "--heads",   sH,          "--kv-heads",
+                              sK,          "--ffn",     sF,
+                              "--vocab",   sV,          "--repeats",
+                              sR,          NULL};
+            res[d][k] = bench_child(b, args);
+            if (!res[d][k]) rc = 1;
+        }
+        /* PyTorch 2.13, eager and compiled, each in its own process; bf16 under autocast */
+        for (int k = 0; k < 2 && !rc; k++) {
+            if (!ton[k]) continue;
+            char *pargs[16] = {"--weights", path, "--repeats", sR, "--mode", (char *)torch_modes[k],
+                               "--attention", (char *)tattn, "--threads", st, "--dtype",
+                               (char *)dtype_names[d], NULL};
+            res[d][NCASE + k] = bench_python("torch_train.py", pargs);
+        }
     }
     remove(path);
     if (rc) {
-        for (int k = 0; k < 5; k++)
-            json_decref(res[k]);
+        for (int d = 0; d < 2; d++)
+            for (int k = 0; k < NROW; k++)
+                json_decref(res[d][k]);
         return rc;
     }
-    json_t *j =
-        json_pack("{s:s, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}, s:o}", "bench", "train",
-                  "shape", "batch", (json_int_t)c.batch, "seq", (json_int_t)c.cfg.context, "window",
-                  (json_int_t)c.cfg.window, "vocab", (json_int_t)c.cfg.vocab_size, "layers",
-                  (json_int_t)c.cfg.n_layer, "d_model", (json_int_t)c.cfg.d_model, "heads",
-                  (json_int_t)c.cfg.n_head, "kv_heads", (json_int_t)c.cfg.n_kv_head, "ffn",
-                  (json_int_t)c.cfg.d_ff, "machine", bench_machine_json(sg));
-    const char *keys[5] = {"fused_flex", "unfused_flex", "fused_dense", "pytorch_eager", "pytorch_compiled"};
-    for (int k = 0; k < 5; k++)
-        if (res[k]) json_object_set_new(j, keys[k], res[k]);
-    double tf = jnum(res[0], "tokens_per_s", NULL), tu = jnum(res[1], "tokens_per_s", NULL);
-    double td = jnum(res[2], "tokens_per_s", NULL);
-    double mf = jnum(res[0], "peak_tracked_bytes", NULL),
-           mu = jnum(res[1], "peak_tracked_bytes", NULL);
-    double md = jnum(res[2], "peak_tracked_bytes", NULL);
-    json_object_set_new(j, "fused_vs_unfused_tokens_per_s", json_real(tf / tu));
-    json_object_set_new(j, "fused_vs_unfused_peak_tracked", json_real(mu / mf));
-    json_object_set_new(j, "flex_vs_dense_tokens_per_s", json_real(tf / td));
-    json_object_set_new(j, "flex_vs_dense_peak_tracked", json_real(md / mf));
-    double tt[2] = {0}, rt[2] = {0}, mt[2] = {0};
-    for (int k = 0; k < 2; k++) {
-        if (!json_object_get(res[3 + k], "step")) continue;
-        tt[k] = tf / jnum(res[3 + k], "tokens_per_s", NULL);
-        rt[k] = jnum(res[3 + k], "peak_rss_bytes", NULL) / jnum(res[0], "peak_rss_bytes", NULL);
-        mt[k] = jnum(res[3 + k], "peak_tracked_bytes", NULL) / mf;
+    json_t *dts = json_array();
+    for (int d = 0; d < 2; d++)
+        if (don[d]) json_array_append_new(dts, json_string(dtype_names[d]));
+    json_t *j = json_pack(
+        "{s:s, s:s?, s:o, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}, s:o}", "bench", "train",
+        "preset", preset, "dtypes", dts, "shape", "batch", (json_int_t)c.batch, "seq",
+        (json_int_t)c.cfg.context, "window", (json_int_t)c.cfg.window, "vocab",
+        (json_int_t)c.cfg.vocab_size, "layers", (json_int_t)c.cfg.n_layer, "d_model",
+        (json_int_t)c.cfg.d_model, "heads", (json_int_t)c.cfg.n_head, "kv_heads",
+        (json_int_t)c.cfg.n_kv_head, "ffn", (json_int_t)c.cfg.d_ff, "machine", bench_machine_json(sg));
+    double tt[2][2], rt[2][2], mt[2][2];
+    for (int d = 0; d < 2; d++) {
+        const char *sfx = d ? "_bf16" : "";
         char key[64];
-        snprintf(key, sizeof key, "ctorch_vs_pytorch_%s_tokens_per_s", tm[k]);
-        json_object_set_new(j, key, json_real(tt[k]));
-        snprintf(key, sizeof key, "pytorch_%s_vs_ctorch_peak_rss", tm[k]);
-        json_object_set_new(j, key, json_real(rt[k]));
-        snprintf(key, sizeof key, "pytorch_%s_vs_ctorch_peak_tracked", tm[k]);
-        json_object_set_new(j, key, json_real(mt[k]));
+        for (int k = 0; k < NCASE; k++) {
+            snprintf(key, sizeof key, "%s%s", case_keys[k], sfx);
+            if (res[d][k]) json_object_set(j, key, res[d][k]);
+        }
+        for (int k = 0; k < 2; k++) {
+            snprintf(key, sizeof key, "pytorch_%s%s", torch_modes[k], sfx);
+            if (res[d][NCASE + k]) json_object_set(j, key, res[d][NCASE + k]);
+        }
+        ratios(j, res[d], sfx, tt[d], rt[d], mt[d]);
+    }
+    /* ctorch's own bf16 step against its f32 step, case by case */
+    for (int k = 0; k < NCASE; k++) {
+        if (!res[0][k] || !res[1][k]) continue;
+        char key[64];
+        snprintf(key, sizeof key, "%s_bf16_vs_f32_tokens_per_s", case_keys[k]);
+        json_object_set_new(j, key,
+                            json_real(jnum(res[1][k], "tokens_per_s", NULL) /
+                                      jnum(res[0][k], "tokens_per_s", NULL)));
     }
     if (b->json) {
         bench_print_json(j);
     } else {
-        printf("train step: B=%lld T=%lld window %lld, %lld layers, d_model %lld, %lld heads (%lld "
-               "kv), ffn %lld, "
-               "V %lld\n%d threads, %s, sgemm %.1f GFLOP/s\n",
-               c.batch, (long long)c.cfg.context, (long long)c.cfg.window, (long long)c.cfg.n_layer,
-               (long long)c.cfg.d_model, (long long)c.cfg.n_head, (long long)c.cfg.n_kv_head,
-               (long long)c.cfg.d_ff, (long long)c.cfg.vocab_size, ct_num_threads(),
-               ct_isa_name(ct_active_isa()), sg);
-        printf("  %-34s %8s %10s %14s %14s\n", "", "step s", "tokens/s", "peak tracked",
+        printf("train step%s%s: B=%lld T=%lld window %lld, %lld layers, d_model %lld, %lld heads "
+               "(%lld kv), ffn %lld, V %lld\n%d threads, %s, %s, bf16 dot instructions: %s, sgemm "
+               "%.1f GFLOP/s\n",
+               preset ? " " : "", preset ? preset : "", c.batch, (long long)c.cfg.context,
+               (long long)c.cfg.window, (long long)c.cfg.n_layer, (long long)c.cfg.d_model,
+               (long long)c.cfg.n_head, (long long)c.cfg.n_kv_head, (long long)c.cfg.d_ff,
+               (long long)c.cfg.vocab_size, ct_num_threads(), ct_cpu_name(),
+               ct_isa_name(ct_active_isa()), ct_cpu_has_bf16() ? "yes" : "no (widened to f32)", sg);
+        printf("  %-50s %8s %10s %14s %14s\n", "", "step s", "tokens/s", "peak tracked",
                "peak RSS");
-        row("ctorch fused loss + flex", res[0]);
-        row("ctorch unfused head + flex", res[1]);
-        row("ctorch fused loss + dense SDPA", res[2]);
-        row("PyTorch eager (SDPA, unfused head)", res[3]);
-        row("PyTorch torch.compile'd", res[4]);
-        printf("  fused vs unfused head: %.2fx tokens/s, %.1fx less peak tracked memory\n", tf / tu,
-               mu / mf);
-        printf("  flex vs dense attention: %.2fx tokens/s, %.1fx less peak tracked memory\n",
-               tf / td, md / mf);
-        for (int k = 0; k < 2; k++) {
-            if (!res[3 + k]) continue;
-            if (tt[k] > 0)
-                printf("  ctorch (fused + flex) vs PyTorch %s %s: %.2fx tokens/s, %.1fx less peak RSS, %.1fx less "
-                       "peak tracked; first step %.1f s; attention: %s\n",
-                       json_string_value(json_object_get(res[3 + k], "torch_version")), tm[k], tt[k], rt[k], mt[k],
-                       jnum(res[3 + k], "first_step_s", NULL),
-                       json_string_value(json_object_get(res[3 + k], "attention")));
+        static const char *const labels[NROW] = {
+            "ctorch fused loss + flex", "ctorch unfused head + flex", "ctorch fused loss + dense SDPA",
+            "PyTorch eager (SDPA, unfused head)", "PyTorch torch.compile'd"};
+        for (int d = 0; d < 2; d++) {
+            if (!don[d]) continue;
+            for (int k = 0; k < NROW; k++) {
+                char label[96];
+                snprintf(label, sizeof label, "%s%s", labels[k],
+                         !d ? "" : k < NCASE ? " bf16" : " bf16 autocast");
+                row(label, res[d][k]);
+            }
         }
+        for (int d = 0; d < 2; d++) {
+            if (!don[d]) continue;
+            const char *dn = dtype_names[d];
+            double tf = jnum(res[d][0], "tokens_per_s", NULL);
+            if (res[d][0] && res[d][1])
+                printf("  %s fused vs unfused head: %.2fx tokens/s, %.1fx less peak tracked memory\n",
+                       dn, tf / jnum(res[d][1], "tokens_per_s", NULL),
+                       jnum(res[d][1], "peak_tracked_bytes", NULL) /
+                           jnum(res[d][0], "peak_tracked_bytes", NULL));
+            if (res[d][0] && res[d][2])
+                printf("  %s flex vs dense attention: %.2fx tokens/s, %.1fx less peak tracked memory\n",
+                       dn, tf / jnum(res[d][2], "tokens_per_s", NULL),
+                       jnum(res[d][2], "peak_tracked_bytes", NULL) /
+                           jnum(res[d][0], "peak_tracked_bytes", NULL));
+            for (int k = 0; k < 2; k++) {
+                json_t *r = res[d][NCASE + k];
+                if (!r || !(tt[d][k] > 0)) continue;
+                printf("  %s ctorch (fused + flex) vs PyTorch %s %s%s: %.2fx tokens/s, %.1fx less peak "
+                       "RSS, %.1fx less peak tracked; first step %.1f s; attention: %s\n",
+                       dn, json_string_value(json_object_get(r, "torch_version")), torch_modes[k],
+                       d ? " (autocast bf16)" : "", tt[d][k], rt[d][k], mt[d][k],
+                       jnum(r, "first_step_s", NULL),
+                       json_string_value(json_object_get(r, "attention")));
+            }
+        }
+        for (int k = 0; k < NCASE; k++)
+            if (res[0][k] && res[1][k])
+                printf("  ctorch %s bf16 vs f32: %.2fx tokens/s\n", case_names[k],
+                       jnum(res[1][k], "tokens_per_s", NULL) / jnum(res[0][k], "tokens_per_s", NULL));
     }
+    for (int d = 0; d < 2; d++)
+        for (int k = 0; k < NROW; k++)
+            json_decref(res[d][k]);
     json_decref(j);
     return 0;
 }

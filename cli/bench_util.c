@@ -225,6 +225,7 @@ void bench_print_json(json_t *j)
 
 json_t *bench_machine_json(double sgemm)
 {
-    return json_pack("{s:i, s:s, s:f}", "threads", ct_num_threads(), "isa", ct_isa_name(ct_active_isa()),
-                     "sgemm_gflops", sgemm);
+    return json_pack("{s:i, s:s, s:s, s:b, s:f}", "threads", ct_num_threads(), "isa",
+                     ct_isa_name(ct_active_isa()), "cpu", ct_cpu_name(), "bf16_dot",
+                     (int)ct_cpu_has_bf16(), "sgemm_gflops", sgemm);
 }

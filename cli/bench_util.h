@@ -45,7 +45,8 @@ json_t *bench_python(const char *script, char *const args[]);
 void bench_fill(float *x, size_t n, uint64_t seed, float scale);
 /* Print a JSON value (indented) or nothing. */
 void bench_print_json(json_t *j);
-/* The common header: machine figures (threads, isa, sgemm rate). */
+/* The common header: machine figures (threads, isa, the CPU's name, whether it has bf16 dot
+ * instructions ("bf16_dot": AVX512_BF16 / AArch64 BF16), sgemm rate). */
 json_t *bench_machine_json(double sgemm);
 
 /* bench train's model and batch (bench_train.c), shared with bench scaling: the stream of

@@ -109,6 +109,65 @@ def test_train_beside_sdpa_model():
     assert j["ctorch_vs_pytorch_eager_tokens_per_s"] > 0
 
 
+def cpu_has_bf16_dot():
+    """What /proc/cpuinfo says of bf16 dot instructions (x86 avx512_bf16, AArch64 bf16)."""
+    with open("/proc/cpuinfo") as f:
+        words = set(f.read().split())
+    return "avx512_bf16" in words or "bf16" in words
+
+
+def test_train_bf16_rows_beside_autocast():
+    """--dtype f32,bf16: a ctorch row and a PyTorch autocast row per dtype, from the same weights
+    and batch. With the exact mask the f32 rows are the same maths (the first step's loss, at the
+    initial weights, agrees); the bf16 rows round the GEMM operands (close to f32, not equal)."""
+    j = bench("train", "--batch", 1, "--seq", 32, "--window", 8, "--layers", 1, "--d-model", 32, "--heads", 2,
+              "--kv-heads", 1, "--ffn", 48, "--vocab", 256, "--torch-modes", "eager", "--cases", "fused-flex",
+              "--dtype", "f32,bf16", "--torch-attention", "mask")
+    m = j["machine"]
+    threads = m["threads"]
+    assert j["dtypes"] == ["f32", "bf16"] and j["preset"] is None
+    assert m["bf16_dot"] == cpu_has_bf16_dot(), m
+    assert m["cpu"] and m["isa"]
+    for sfx, dt in (("", "f32"), ("_bf16", "bf16")):
+        c = j["fused_flex" + sfx]
+        assert c["case"] == "fused-flex" + ("-bf16" if dt == "bf16" else "") and c["dtype"] == dt, c
+        assert c["threads"] == threads and c["step"]["repeats"] == 3 and c["tokens_per_s"] > 0, c
+        assert len(c["losses"]) == 4, c  # the warm-up and 3 timed steps
+        t = j["pytorch_eager" + sfx]
+        check_baseline(t, threads, "eager")
+        assert t["dtype"] == dt and len(t["losses"]) == 4, t
+        assert t["autocast"] == ('torch.autocast("cpu", dtype=torch.bfloat16)' if dt == "bf16" else None), t
+        assert t["attention"].startswith("the model's mask"), t["attention"]
+        assert j["ctorch_vs_pytorch_eager%s_tokens_per_s" % sfx] > 0
+        for k in ("unfused_flex", "fused_dense", "pytorch_compiled"):
+            assert k + sfx not in j  # not asked for
+    f32, bf16 = j["fused_flex"]["losses"][0], j["fused_flex_bf16"]["losses"][0]
+    tf32, tbf16 = j["pytorch_eager"]["losses"][0], j["pytorch_eager_bf16"]["losses"][0]
+    assert f32 == pytest.approx(tf32, rel=1e-4)
+    assert bf16 == pytest.approx(tbf16, rel=2e-2) and bf16 == pytest.approx(f32, rel=2e-2)
+    assert tbf16 != tf32, "autocast changed nothing: the PyTorch bf16 row ran in f32"
+    assert j["fused_flex_bf16_vs_f32_tokens_per_s"] > 0
+    for args, needle in ((["--dtype", "f16"], "unknown item 'f16'"), (["--dtype", ""], "at least one"),
+                         (["--cases", "fused-flex,flash"], "unknown item 'flash'"),
+                         (["--preset", "gpt3"], "--preset must be gpt2-small")):
+        r = ctorch("bench", "train", *args, ok=False)
+        assert r.returncode == 2 and needle in r.stderr, (args, r.stderr)
+
+
+def test_train_gpt2_small_preset():
+    """--preset gpt2-small sets GPT-2 small's shape (12 layers, d 768, 12 heads, ffn 2048, V 50304,
+    B 4, T 1024, no window); flags refine it wherever they stand (here a tiny run: the shape is
+    what is checked, with --layers 1 --seq 8 --batch 1 --vocab 512 to stay fast)."""
+    j = bench("train", "--layers", 1, "--preset", "gpt2-small", "--seq", 8, "--batch", 1, "--vocab", 512,
+              "--no-torch", "--cases", "fused-flex")
+    assert j["preset"] == "gpt2-small" and j["dtypes"] == ["f32"]
+    assert j["shape"] == {"batch": 1, "seq": 8, "window": 0, "vocab": 512, "layers": 1, "d_model": 768,
+                          "heads": 12, "kv_heads": 12, "ffn": 2048}
+    h = ctorch("bench", "train", "--help").stdout
+    assert "12 layers" in h and "V 50304" in h and "B=4, T=1024" in h, h
+    assert j["fused_flex"]["tokens_per_s"] > 0 and "pytorch_eager" not in j
+
+
 def test_sdpa_model_is_the_reference_model(tiny_run):
     """bench/torch_train.py's SdpaGPT with the exact mask gives the loss of GPT (the tests'
     reference, which test_train compares with ctorch); with is_causal it drops the window."""
