@@ -472,16 +472,20 @@ CT_API ct_status ct_gpt_checkpoint_config(const ct_tensor_file *f, ct_gpt_config
  * A directory holding config.json and model.safetensors, or shards listed by
  * model.safetensors.index.json ({"metadata": {"total_size": N}, "weight_map": {name: file}}).
  * Architectures: LlamaForCausalLM (Llama 2/3, SmolLM...), Qwen2ForCausalLM (q/k/v biases),
- * MistralForCausalLM (without a sliding window). config.json keys read: hidden_size,
+ * MistralForCausalLM. config.json keys read: hidden_size,
  * intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim,
  * rms_norm_eps, rope_theta, rope_scaling (rope_type / type "linear" or "llama3", factor,
  * low_freq_factor, high_freq_factor, original_max_position_embeddings),
  * max_position_embeddings (the model's context), tie_word_embeddings, vocab_size,
- * torch_dtype (or dtype), attention_bias, bos_token_id, eos_token_id; keys that do not change
- * the maths are accepted (transformers_version, use_cache, initializer_range, pad_token_id,
- * pretraining_tp, _name_or_path, max_window_layers, sliding_window when no window is used),
- * keys fixed to one value are checked (hidden_act "silu", mlp_bias false, attention_dropout
- * 0, use_sliding_window false, partial_rotary_factor 1); any other key is refused by name.
+ * torch_dtype (or dtype), attention_bias, bos_token_id, eos_token_id, sliding_window (Mistral:
+ * every layer; Qwen2: with use_sliding_window true, the layers of layer_types or from
+ * max_window_layers on, which must be all or none) as window = sliding_window - 1
+ * (transformers' sliding_window S shows a token itself and S - 1 earlier ones; S = 1 refused);
+ * keys that do not change the maths are accepted (transformers_version, use_cache,
+ * initializer_range, pad_token_id, pretraining_tp, _name_or_path, max_window_layers and
+ * sliding_window where unused), keys fixed to one value are checked (hidden_act "silu",
+ * mlp_bias false, attention_dropout 0, partial_rotary_factor 1); any other key is refused by
+ * name.
  * Tensor names: model.embed_tokens.weight, model.norm.weight, lm_head.weight (untied),
  * model.layers.N.{input_layernorm,post_attention_layernorm}.weight,
  * model.layers.N.self_attn.{q,k,v,o}_proj.{weight,bias}, model.layers.N.mlp.{gate,up,down}_proj.weight;
@@ -502,7 +506,7 @@ typedef struct ct_hf_info {
     int32_t eos_token; /**< eos_token_id (the first of a list), -1 when absent or null */
 } ct_hf_info;
 
-/** Parse config.json text (len bytes) into *cfg (window 0, init_std 0) and *info. CT_EFORMAT
+/** Parse config.json text (len bytes) into *cfg (init_std 0) and *info. CT_EFORMAT
  *  names the key that is unknown, missing, of the wrong type or value; CT_EUNSUPPORTED names
  *  an architecture or a rope_scaling type ctorch does not implement. */
 CT_API ct_status ct_hf_config_parse(const char *json, size_t len, ct_gpt_config *cfg,
@@ -565,7 +569,8 @@ typedef struct ct_hf_save_options {
     int dtype;          /**< -1 (default): the source's torch_dtype (like) or F32; else
                              CT_DTYPE_F32, _F16 or _BF16 */
     ct_hf_arch arch;    /**< without `like`: 0 (default) picks Qwen2 for q/k/v biases without
-                             an o bias, else Llama */
+                             an o bias, else Mistral for a window, else Llama (which has no
+                             window: refused with one) */
 } ct_hf_save_options;
 
 /** The defaults listed above. */
@@ -574,7 +579,8 @@ CT_API ct_hf_save_options ct_hf_save_options_default(void);
 /** Write the model as a Hugging Face directory `dir` (created if absent): config.json, and
  *  model.safetensors, or, when `like` (may be NULL) came from shards, the same shard files and
  *  assignment with model.safetensors.index.json. With `like`, config.json keeps its keys (the
- *  shape ones rewritten from the model, torch_dtype set to the saved dtype). Each file is
+ *  shape ones rewritten from the model, torch_dtype set to the saved dtype, the window as
+ *  sliding_window = window + 1). Each file is
  *  written atomically. opt NULL: the defaults. */
 CT_API ct_status ct_hf_save(ct_gpt *m, const ct_hf_model *like, const char *dir,
                             const ct_hf_save_options *opt);
