@@ -54,7 +54,11 @@ def v5(c):
 
 def configs():
     out = {"llama3": LLAMA3, "qwen2": QWEN2, "mistral": MISTRAL, "smol": SMOL,
-           "llama3-v5": v5(LLAMA3), "qwen2-v5": v5(QWEN2), "mistral-v5": v5(MISTRAL)}
+           "llama3-v5": v5(LLAMA3), "qwen2-v5": v5(QWEN2), "mistral-v5": v5(MISTRAL),
+           "mistral-v01": dict(MISTRAL, sliding_window=4096, rope_theta=10000.0),
+           "qwen2-window": dict(QWEN2, use_sliding_window=True, max_window_layers=0),
+           "h-qwen2-mixed": dict(QWEN2, use_sliding_window=True),
+           "h-mistral-window1": dict(MISTRAL, sliding_window=1)}
     bad = [("arch", {"architectures": ["GPT2LMHeadModel"]}), ("yarn", {"rope_scaling": {"rope_type": "yarn", "factor": 4}}),
            ("neg", {"hidden_size": -1}), ("huge", {"vocab_size": 2 ** 62}), ("odd_head", {"head_dim": 7}),
            ("kv", {"num_key_value_heads": 3}), ("unknown", {"foo": 1}), ("eps", {"rms_norm_eps": 0}),
