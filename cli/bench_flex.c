@@ -14,11 +14,13 @@
 
 typedef struct fcase {
     long long B, H, L, E, W, bs;
+    long long D; /* documents of D tokens (--docs), 0: none */
     bool bf16, backward;
     const char *name;
     ct_tensor q, k, v, o, lse, dout, dq, dk, dv;
     ct_block_mask *bm;
-    ct_mask_mod mm;
+    ct_mask_mod mm, base, doc;
+    int32_t *ids;
     ct_sdpa_options so;
     ct_tensor mask;
     bool flex;
@@ -59,17 +61,18 @@ static ct_status tensor_rand(ct_tensor *t, ct_dtype dt, long long B, long long H
     return CT_OK;
 }
 
-/* Kept pairs of the case's mask (per batch and head). */
-static double kept_pairs(const char *name, long long L, long long W)
+/* Kept pairs of the case's mask (per batch and head; documents of D tokens when D > 0). */
+static double kept_pairs(const char *name, long long L, long long W, long long D)
 {
-    if (strstr(name, "sliding")) {
-        double n = 0;
-        for (long long q = 0; q < L; q++)
-            n += (q < W ? q : W) + 1;
-        return n;
+    bool sliding = strstr(name, "sliding") != NULL;
+    if (!sliding && !strstr(name, "causal")) return (double)L * (double)L;
+    double n = 0;
+    for (long long q = 0; q < L; q++) {
+        long long lo = sliding && q > W ? q - W : 0;
+        if (D > 0 && q / D * D > lo) lo = q / D * D;
+        n += (double)(q - lo + 1);
     }
-    if (strstr(name, "causal")) return (double)L * (double)(L + 1) / 2;
-    return (double)L * (double)L;
+    return n;
 }
 
 static double max_abs_diff(const ct_tensor *a, const ct_tensor *b)
@@ -122,13 +125,26 @@ static int run_case(bench_ctx *b, fcase *c, int dense_repeats)
                         (s = tensor_rand(&c->dv, dt, B, H, L, E, 0))))
         return cli_fail("bench flex", s);
     bool sliding = strstr(c->name, "sliding") != NULL, causal = strstr(c->name, "causal") != NULL;
+    bool docs = c->D > 0 && (sliding || causal);
     c->flex = !strncmp(c->name, "flex", 4);
+    if (docs) { /* document ids t / D in every row, as ctorch train's batches of 64-token documents */
+        if ((s = ct_alloc((void **)&c->ids, (size_t)L * sizeof(int32_t))))
+            return cli_fail("bench flex", s);
+        for (long long t = 0; t < L; t++)
+            c->ids[t] = (int32_t)(t / c->D);
+    }
     c->so = ct_sdpa_options_default();
     json_t *j = json_pack("{s:s}", "case", c->name);
     double create_s = 0;
     size_t mask_bytes = 0;
     if (c->flex) {
         s = sliding ? ct_mask_mod_sliding_window(c->W, true, &c->mm) : ct_mask_mod_causal(&c->mm);
+        if (!s && docs) {
+            c->base = c->mm;
+            s = ct_mask_mod_document(c->ids, NULL, 1, L, L, &c->doc);
+            ct_mask_mod two[2] = {c->base, c->doc};
+            if (!s) s = ct_mask_mod_and(two, 2, &c->mm);
+        }
         if (s) return cli_fail("bench flex", s);
         mcase mc = {c->mm, L, H, c->bs, 0};
         bench_time tc;
@@ -137,14 +153,15 @@ static int run_case(bench_ctx *b, fcase *c, int dense_repeats)
             return cli_fail("bench flex", s);
         create_s = tc.median;
         mask_bytes = c->bm->bytes;
-    } else if (sliding) { /* the dense baseline: a materialised boolean mask */
+    } else if (sliding || docs) { /* the dense baseline: a materialised boolean mask */
         int64_t shape[2] = {L, L};
         if ((s = ct_tensor_empty(&c->mask, CT_DTYPE_BOOL, 2, shape)))
             return cli_fail("bench flex", s);
         uint8_t *m = c->mask.data;
         for (long long i = 0; i < L; i++)
             for (long long jj = 0; jj < L; jj++)
-                m[i * L + jj] = jj <= i && i - jj <= c->W;
+                m[i * L + jj] = jj <= i && (!sliding || i - jj <= c->W) &&
+                                (!docs || c->ids[i] == c->ids[jj]);
         c->so.attn_mask = &c->mask;
         mask_bytes = (size_t)(L * L);
     } else {
@@ -158,9 +175,10 @@ static int run_case(bench_ctx *b, fcase *c, int dense_repeats)
     if ((s = bench_time_fn(reps, run_fwd, c, &tf))) return cli_fail("bench flex", s);
     if (c->backward && (s = bench_time_fn(reps, run_bwd, c, &tb))) return cli_fail("bench flex", s);
     ct_memory_stats(&m1);
-    double pairs = (double)B * H * kept_pairs(c->name, L, c->W);
-    double computed =
-        (double)B * H * (c->flex || causal ? kept_pairs(c->name, L, c->W) : (double)L * L);
+    double pairs = (double)B * H * kept_pairs(c->name, L, c->W, docs ? c->D : 0);
+    double computed = (double)B * H *
+                      (c->flex || (causal && !docs) ? kept_pairs(c->name, L, c->W, docs ? c->D : 0)
+                                                     : (double)L * L);
     double ff = 4.0 * E * pairs; /* QK^T and PV: 2 flops per multiply-add, E = Ev */
     json_object_set_new(j, "fwd", bench_time_json(&tf));
     json_object_set_new(j, "gflops_fwd", json_real(ff / tf.median * 1e-9));
@@ -171,17 +189,24 @@ static int run_case(bench_ctx *b, fcase *c, int dense_repeats)
         json_object_set_new(j, "fwd_bwd_s", json_real(tf.median + tb.median));
     }
     json_object_set_new(j, "mask_bytes", json_integer((json_int_t)mask_bytes));
+    json_object_set_new(j, "docs", json_integer((json_int_t)(docs ? c->D : 0)));
     if (c->flex) json_object_set_new(j, "mask_create_s", json_real(create_s));
     json_object_set_new(j, "base_bytes", json_integer((json_int_t)m0.current_bytes));
     json_object_set_new(j, "peak_tracked_bytes", json_integer((json_int_t)m1.peak_bytes));
     json_object_set_new(j, "peak_rss_bytes", json_integer((json_int_t)bench_peak_rss()));
     if (!c->flex) { /* same output as flex on the same mask? */
         ct_tensor o2, l2;
-        ct_mask_mod mm;
+        ct_mask_mod mm, base, doc;
         ct_block_mask *bm = NULL;
         s = tensor_rand(&o2, dt, B, H, L, E, 0);
         if (!s) s = tensor_rand(&l2, CT_DTYPE_F32, B, H, L, -1, 0);
         if (!s) s = sliding ? ct_mask_mod_sliding_window(c->W, true, &mm) : ct_mask_mod_causal(&mm);
+        if (!s && docs) {
+            base = mm;
+            s = ct_mask_mod_document(c->ids, NULL, 1, L, L, &doc);
+            ct_mask_mod two[2] = {base, doc};
+            if (!s) s = ct_mask_mod_and(two, 2, &mm);
+        }
         if (!s && (sliding || causal)) s = ct_block_mask_create(&mm, B, H, L, L, c->bs, &bm);
         if (!s) s = ct_flex_attention_forward(&c->q, &c->k, &c->v, bm, NULL, &o2, &l2);
         if (!s) s = run_fwd(c);
@@ -189,6 +214,7 @@ static int run_case(bench_ctx *b, fcase *c, int dense_repeats)
         json_object_set_new(j, "max_abs_diff_vs_flex", json_real(max_abs_diff(&c->o, &o2)));
         ct_block_mask_free(bm);
         ct_mask_mod_free(&mm);
+        if (docs) ct_mask_mod_free(&base), ct_mask_mod_free(&doc);
     }
     bench_print_json(j);
     json_decref(j);
@@ -282,7 +308,7 @@ int bench_flex(bench_ctx *b, int argc, char **argv)
         const char *v;
         if (!strcmp(argv[i], "--help")) {
             puts("usage: ctorch bench flex [--seq L] [--window W] [--heads H] [--head-dim E]\n"
-                 "       [--batch B] [--block-size N] [--dtype f32|bf16] [--backward]\n"
+                 "       [--batch B] [--block-size N] [--docs N] [--dtype f32|bf16] [--backward]\n"
                  "       [--cases LIST] [--dense-repeats R] [--mask-seq N] [--no-torch]\n"
                  "       [--torch-eager] [--repeats R] [--json]\n"
                  "Cases (all by default; LIST is comma-separated):\n"
@@ -293,6 +319,9 @@ int bench_flex(bench_ctx *b, int argc, char **argv)
                  "  sdpa-dense    unmasked SDPA, against the sgemm rate\n"
                  "  mask-create   block-mask creation at --mask-seq tokens (default 131072)\n"
                  "Defaults: B=1 H=8 L=4096 E=64 W=64 f32, forward (--backward adds the backward).\n"
+                 "--docs N: documents of N tokens too (the sliding and causal cases AND a document\n"
+                 "mask, ctorch train's batches: N = 64; sdpa-causal then reads a boolean mask);\n"
+                 "no PyTorch run with it.\n"
                  "Beside flex-sliding and flex-causal: PyTorch 2.13's torch.compile(flex_attention)\n"
                  "forward, same shapes, mask and block size (bench/torch_baseline.py; its CPU backward\n"
                  "is tried and reported); --torch-eager runs flex_attention uncompiled, --no-torch none.\n"
@@ -314,6 +343,8 @@ int bench_flex(bench_ctx *b, int argc, char **argv)
             if (!cli_int("--head-dim", v, 1, 1024, &c.E)) return 2;
         } else if (cli_opt(argc, argv, &i, "--batch", &v)) {
             if (!cli_int("--batch", v, 1, 1024, &c.B)) return 2;
+        } else if (cli_opt(argc, argv, &i, "--docs", &v)) {
+            if (!cli_int("--docs", v, 0, 1 << 20, &c.D)) return 2;
         } else if (cli_opt(argc, argv, &i, "--block-size", &v)) {
             if (!cli_int("--block-size", v, 1, 1024, &c.bs)) return 2;
         } else if (cli_opt(argc, argv, &i, "--mask-seq", &v)) {
@@ -349,7 +380,8 @@ int bench_flex(bench_ctx *b, int argc, char **argv)
         return run_case(b, &c, (int)dense_repeats);
     }
     double sg = bench_sgemm_gflops();
-    char sL[32], sW[32], sH[32], sE[32], sB[32], sbs[32], sr[32], sdr[32], sm[32];
+    char sL[32], sW[32], sH[32], sE[32], sB[32], sbs[32], sr[32], sdr[32], sm[32], sD[32];
+    snprintf(sD, sizeof sD, "%lld", c.D);
     snprintf(sL, sizeof sL, "%lld", c.L);
     snprintf(sW, sizeof sW, "%lld", c.W);
     snprintf(sH, sizeof sH, "%lld", c.H);
@@ -386,14 +418,16 @@ int bench_flex(bench_ctx *b, int argc, char **argv)
                           sdr,
                           "--mask-seq",
                           sm,
+                          "--docs",
+                          sD,
                           NULL};
-        if (c.backward && k < 5) args[23] = "--backward";
+        if (c.backward && k < 5) args[25] = "--backward";
         res[k] = bench_child(b, args);
         if (!res[k]) return 1;
     }
     /* PyTorch 2.13: torch.compile(flex_attention) forward on the flex cases, one process each */
     json_t *tj[2] = {0};
-    if (torch)
+    if (torch && c.D == 0)
         for (int k = 0; k < 2; k++) {
             if (!has_case(cases, names[2 * k])) continue;
             char st[32];
@@ -409,6 +443,7 @@ int bench_flex(bench_ctx *b, int argc, char **argv)
                           (json_int_t)c.L, "head_dim", (json_int_t)c.E, "window", (json_int_t)c.W,
                           "block_size", (json_int_t)c.bs, "dtype", dt, "backward", c.backward,
                           "machine", bench_machine_json(sg));
+    json_object_set_new(json_object_get(j, "shape"), "docs", json_integer((json_int_t)c.D));
     for (int k = 0; k < 6; k++)
         if (res[k]) json_object_set(j, names[k], res[k]);
     double sf = 0, sfb = 0, cr = 0;
@@ -423,6 +458,10 @@ int bench_flex(bench_ctx *b, int argc, char **argv)
     if (res[2] && res[3]) {
         cr = jnum(res[3], "fwd", "median_s") / jnum(res[2], "fwd", "median_s");
         json_object_set_new(j, "speedup_causal_flex_vs_sdpa_fwd", json_real(cr));
+        if (c.backward)
+            json_object_set_new(j, "speedup_causal_flex_vs_sdpa_fwd_bwd",
+                                json_real(jnum(res[3], "fwd_bwd_s", NULL) /
+                                          jnum(res[2], "fwd_bwd_s", NULL)));
     }
     json_t *torchj = json_object();
     for (int k = 0; k < 2; k++) {
@@ -443,17 +482,17 @@ int bench_flex(bench_ctx *b, int argc, char **argv)
     if (b->json) {
         bench_print_json(j);
     } else {
-        printf("flex B=%lld H=%lld L=%lld E=%lld window=%lld block=%lld %s, %d threads, %s, "
+        printf("flex B=%lld H=%lld L=%lld E=%lld window=%lld block=%lld%s%s %s, %d threads, %s, "
                "sgemm %.1f GFLOP/s\n",
-               c.B, c.H, c.L, c.E, c.W, c.bs, dt, ct_num_threads(), ct_isa_name(ct_active_isa()),
-               sg);
+               c.B, c.H, c.L, c.E, c.W, c.bs, c.D ? " documents=" : "",
+               c.D ? sD : "", dt, ct_num_threads(), ct_isa_name(ct_active_isa()), sg);
         printf("  %-26s %9s %9s %8s", "", "fwd s", "GFLOP/s", "sgemm");
         if (c.backward) printf(" %9s %9s %8s", "bwd s", "GFLOP/s", "sgemm");
         printf(" %14s\n", "peak extra");
         print_row("flex sliding window", res[0], c.backward, sg);
         print_row("sdpa + bool mask (dense)", res[1], c.backward, sg);
-        print_row("flex causal", res[2], c.backward, sg);
-        print_row("sdpa is_causal", res[3], c.backward, sg);
+        print_row(c.D ? "flex causal & documents" : "flex causal", res[2], c.backward, sg);
+        print_row(c.D ? "sdpa + bool mask (causal)" : "sdpa is_causal", res[3], c.backward, sg);
         print_row("sdpa unmasked", res[4], c.backward, sg);
         if (res[0] && res[1]) {
             printf("  sliding window: flex %.1fx faster than dense SDPA (forward)", sf);
@@ -463,10 +502,13 @@ int bench_flex(bench_ctx *b, int argc, char **argv)
                    jnum(res[1], "mask_bytes", NULL) / 1048576.0,
                    jnum(res[0], "mask_bytes", NULL) / 1024.0);
         }
-        if (res[2] && res[3])
-            printf("  causal: sdpa(is_causal) time / flex time = %.2f (forward), outputs differ by "
-                   "%.2g\n",
-                   cr, jnum(res[3], "max_abs_diff_vs_flex", NULL));
+        if (res[2] && res[3]) {
+            printf("  causal: sdpa time / flex time = %.2f (forward)", cr);
+            if (c.backward)
+                printf(", %.2f (forward+backward)",
+                       jnum(j, "speedup_causal_flex_vs_sdpa_fwd_bwd", NULL));
+            printf(", outputs differ by %.2g\n", jnum(res[3], "max_abs_diff_vs_flex", NULL));
+        }
         for (int k = 0; k < 2; k++) {
             if (!tj[k]) continue;
             const char *lab = k ? "causal" : "sliding window";

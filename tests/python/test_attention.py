@@ -1,7 +1,8 @@
 """ctorch.torch.flex_attention / create_block_mask against PyTorch 2.13's own
 torch.nn.attention.flex_attention (eager, float64: output and lse) and create_block_mask (the
 block structure), for every built-in mask and score mod, GQA, cross lengths, odd lengths, bf16,
-a Python mask_mod, and determinism across runs and thread counts.
+a Python mask_mod, ctorch train's masks at its block sizes (the trimmed partial tiles), and
+determinism across runs and thread counts.
 
 Gradients: 2.13's flex_attention has no backward on the CPU (NotImplementedError, eager or
 compiled), so they come from F.scaled_dot_product_attention's autograd over the dense mask
@@ -216,6 +217,20 @@ def test_document_per_batch_flex():
     docs = torch.stack([torch.arange(50) // 9, torch.arange(50) // 20])
     q, k, v, do = inputs(2, 2, 2, 50, 50, 8, 8)
     compare(q, k, v, do, and_masks(mask_mods.document(docs), mask_mods.causal()), B=2)
+
+
+@pytest.mark.parametrize("block", [128, 64])
+def test_trainer_masks_large_blocks(block):
+    """ctorch train's masks (causal or a causal window, AND per-batch documents) at its block
+    sizes: sub-tiles of 64 and 128 rows whose partial tiles are trimmed to the rectangles the
+    mask keeps (queries in chunks of 16 over their keys, keys in chunks of 16 over their
+    queries), against PyTorch's flex_attention and SDPA's autograd."""
+    L = 256
+    docs = torch.stack([torch.arange(L) // 64, torch.cumsum(torch.tensor([1 if t in (37, 101, 102, 200) else 0
+                                                                           for t in range(L)]), 0)])
+    q, k, v, do = inputs(2, 2, 1, L, L, 32, 32)
+    compare(q, k, v, do, and_masks(mask_mods.causal(), mask_mods.document(docs)), block=block, B=2)
+    compare(q, k, v, do, and_masks(mask_mods.sliding_window(40), mask_mods.document(docs)), block=block, B=2)
 
 
 def test_determinism_threads():
