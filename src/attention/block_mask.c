@@ -217,7 +217,7 @@ ct_status ct_block_mask_create_ex(const ct_mask_mod *mask, int64_t B, int64_t H,
     ct_status s = ct_alloc((void **)&c.kinds, nkinds ? nkinds : 1);
     if (s == CT_OK) s = ct_alloc((void **)&c.scratch, (size_t)T * (size_t)(bs * bs));
     if (s == CT_OK) {
-        ct_parallel_for((int64_t)rows, classify_rows, &c);
+        ct_parallel_for_capped((int64_t)rows, 1, T, classify_rows, &c); /* tid < T: scratch */
         s = make_lists(bm, &c, (int64_t)rows, o.store_partial);
     }
     ct_free(c.scratch);

@@ -60,6 +60,7 @@ struct plan {
     float *D;      /* [B, Hq, L] rowsum(dO * O) */
     float *ws;     /* per-thread workspaces */
     size_t ws_floats;
+    int ws_threads; /* workspaces allocated (tid < ws_threads) */
     unit_fn unit;
     int64_t nunits, group; /* dQ pass: canonical items per unit (0: one item, any order) */
     float *pg;             /* [nunits][param_len] partial parameter gradients */
@@ -586,8 +587,8 @@ static void run_pass(plan *p, unit_fn fn, int64_t nunits)
     p->unit = fn;
     p->nunits = nunits;
     atomic_store(&p->next, 0);
-    int T = ct_num_threads();
-    ct_parallel_for(nunits < T ? nunits : T, worker, p);
+    int T = p->ws_threads; /* the workspaces alloc_ws made: tid < T */
+    ct_parallel_for_capped(nunits < T ? nunits : T, 1, T, worker, p);
 }
 
 static void d_rows(void *arg, int64_t r0, int64_t r1, int tid)
@@ -730,6 +731,7 @@ static ct_status alloc_ws(plan *p)
     ws_layout(p, NULL);
     size_t bytes;
     int T = ct_num_threads();
+    p->ws_threads = T;
     if (!ct_mul_size(p->ws_floats * sizeof(float), (size_t)T, &bytes))
         return ct_error(CT_EOVERFLOW, "attention: workspace size overflows");
     return ct_alloc((void **)&p->ws, bytes);
