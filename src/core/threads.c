@@ -15,7 +15,8 @@
  *    its job's counter before sleeping, so back-to-back regions cost no sleep/wake when the
  *    machine is not oversubscribed;
  *  - tid is < the thread count the region read (ct_num_threads()) and no two chunks running
- *    at the same time share a tid, so per-tid scratch sized ct_num_threads() is safe;
+ *    at the same time share a tid; ct_parallel_for_capped(.., T, ..) keeps tid < T for a
+ *    caller that sized per-tid scratch from a count it read earlier;
  *  - which thread runs which chunk is not fixed: kernels make every output depend on its
  *    inputs alone (never on the chunking or the tid), which is what keeps results bitwise
  *    identical across thread counts;
