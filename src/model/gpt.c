@@ -686,9 +686,9 @@ ct_status gpt_embed_forward(ct_gpt *m, int64_t B, int64_t T)
     return gpt_embed(m->a.resid, m->a.inp, m->w.emb, m->w.hemb, B * T, c->vocab_size, c->d_model);
 }
 
-/* gpt_block_forward in bf16 (ct_gpt_options.dtype): the same layer with each GEMM's
- * activation rounded into a.xb and the weights' bf16 copy, f32 accumulation and output. */
-static ct_status block_forward_bf16(ct_gpt *m, int64_t l, int64_t B, int64_t T)
+/* Layer l: resid[l] -> resid[l + 1], keeping what its backward needs. Each matrix product
+ * goes through gpt_layer_linear in the model's dtype (f32, or bf16 operands: gpt_bf16). */
+ct_status gpt_block_forward(ct_gpt *m, int64_t l, int64_t B, int64_t T)
 {
     const ct_gpt_config *c = &m->cfg;
     int64_t N = B * T, C = c->d_model, E = gpt_E(m), H = c->n_head, K = c->n_kv_head;
@@ -699,68 +699,33 @@ static ct_status block_forward_bf16(ct_gpt *m, int64_t l, int64_t B, int64_t T)
     float *x = a->resid + lo * C, *x2 = a->x2 + lo * C, *out = a->resid + (lo + N) * C;
     float *ln1 = a->ln1 + lo * C, *ln2 = a->ln2 + lo * C, *q = a->q + lo * HE, *k = a->k + lo * KE;
     float *v = a->v + lo * KE, *att = a->att + lo * HE, *gu = a->gu + lo * 2 * F, *h = a->hb + lo * F;
-    uint16_t *xb = a->xb;
+    gpt_input in;
+    /* attention block: x2 = x + attention(rope(q), rope(k), v) wo^T */
     CT_TRY(ct_rmsnorm_forward(ln1, a->rstd1 + lo, x, w->norm1, N, C, c->norm_eps));
-    gpt_to_bf16(xb, ln1, N * C);
-    CT_TRY(gpt_linear_bf16(q, HE, xb, m, w->wq, w->bq, N, C, HE, false));
-    CT_TRY(gpt_linear_bf16(k, KE, xb, m, w->wk, w->bk, N, C, KE, false));
-    CT_TRY(gpt_linear_bf16(v, KE, xb, m, w->wv, w->bv, N, C, KE, false));
+    in = gpt_layer_input(m, ln1, N * C);
+    CT_TRY(gpt_layer_linear(m, q, HE, in, w->wq, w->hq, w->bq, N, C, HE, false));
+    CT_TRY(gpt_layer_linear(m, k, KE, in, w->wk, w->hk, w->bk, N, C, KE, false));
+    CT_TRY(gpt_layer_linear(m, v, KE, in, w->wv, w->hv, w->bv, N, C, KE, false));
     CT_TRY(gpt_rope(m, q, B, T, H, false));
     CT_TRY(gpt_rope(m, k, B, T, K, false));
     CT_TRY(attention_forward(m, (int)l, B, T));
     memcpy(x2, x, (size_t)(N * C) * sizeof(float));
-    gpt_to_bf16(xb, att, N * HE);
-    CT_TRY(gpt_linear_bf16(x2, C, xb, m, w->wo, NULL, N, HE, C, true));
+    in = gpt_layer_input(m, att, N * HE);
+    CT_TRY(gpt_layer_linear(m, x2, C, in, w->wo, w->ho, NULL, N, HE, C, true));
     if (w->bo) add_rows(x2, w->bo, N, C);
+    /* MLP block: out = x2 + swiglu(rmsnorm(x2) w_gate_up^T) w_down^T */
     CT_TRY(ct_rmsnorm_forward(ln2, a->rstd2 + lo, x2, w->norm2, N, C, c->norm_eps));
-    gpt_to_bf16(xb, ln2, N * C);
-    CT_TRY(gpt_linear_bf16(gu, 2 * F, xb, m, w->wgu, NULL, N, C, 2 * F, false));
+    in = gpt_layer_input(m, ln2, N * C);
+    if (!w->hgu.p && !w->hup.p && w->wup == w->wgu + F * C) { /* one product on [2F, C] */
+        CT_TRY(gpt_layer_linear(m, gu, 2 * F, in, w->wgu, w->hgu, NULL, N, C, 2 * F, false));
+    } else { /* gate and up held apart (weights mapped from a file: f32 only) */
+        CT_TRY(gpt_layer_linear(m, gu, 2 * F, in, w->wgu, w->hgu, NULL, N, C, F, false));
+        CT_TRY(gpt_layer_linear(m, gu + F, 2 * F, in, w->wup, w->hup, NULL, N, C, F, false));
+    }
     CT_TRY(ct_swiglu_forward(h, gu, N, F));
     memcpy(out, x2, (size_t)(N * C) * sizeof(float));
-    gpt_to_bf16(xb, h, N * F);
-    return gpt_linear_bf16(out, C, xb, m, w->wdown, NULL, N, F, C, true);
-}
-
-/* Layer l: resid[l] -> resid[l + 1], keeping what its backward needs. */
-ct_status gpt_block_forward(ct_gpt *m, int64_t l, int64_t B, int64_t T)
-{
-    const ct_gpt_config *c = &m->cfg;
-    int64_t N = B * T, C = c->d_model, E = gpt_E(m), H = c->n_head, K = c->n_kv_head;
-    int64_t HE = H * E, KE = K * E, F = c->d_ff;
-    gpt_acts *a = &m->a;
-    if (gpt_bf16(m)) return block_forward_bf16(m, l, B, T);
-    {
-        const gpt_layer *w = &m->w.layer[l];
-        size_t lo = (size_t)l * (size_t)N;
-        float *x = a->resid + lo * C, *x2 = a->x2 + lo * C, *out = a->resid + (lo + N) * C;
-        float *ln1 = a->ln1 + lo * C, *ln2 = a->ln2 + lo * C, *q = a->q + lo * HE,
-              *k = a->k + lo * KE;
-        float *v = a->v + lo * KE, *att = a->att + lo * HE, *gu = a->gu + lo * 2 * F,
-              *h = a->hb + lo * F;
-        /* attention block: x2 = x + attention(rope(q), rope(k), v) wo^T */
-        CT_TRY(ct_rmsnorm_forward(ln1, a->rstd1 + lo, x, w->norm1, N, C, c->norm_eps));
-        CT_TRY(gpt_linear(q, HE, ln1, w->wq, w->hq, w->bq, N, C, HE, false, false));
-        CT_TRY(gpt_linear(k, KE, ln1, w->wk, w->hk, w->bk, N, C, KE, false, false));
-        CT_TRY(gpt_linear(v, KE, ln1, w->wv, w->hv, w->bv, N, C, KE, false, false));
-        CT_TRY(gpt_rope(m, q, B, T, H, false));
-        CT_TRY(gpt_rope(m, k, B, T, K, false));
-        CT_TRY(attention_forward(m, (int)l, B, T));
-        memcpy(x2, x, (size_t)(N * C) * sizeof(float));
-        CT_TRY(gpt_linear(x2, C, att, w->wo, w->ho, NULL, N, HE, C, true, false));
-        if (w->bo) add_rows(x2, w->bo, N, C);
-        /* MLP block: out = x2 + swiglu(rmsnorm(x2) w_gate_up^T) w_down^T */
-        CT_TRY(ct_rmsnorm_forward(ln2, a->rstd2 + lo, x2, w->norm2, N, C, c->norm_eps));
-        if (!w->hgu.p && !w->hup.p && w->wup == w->wgu + F * C) {
-            CT_TRY(ct_linear_forward(gu, ln2, w->wgu, NULL, N, C, 2 * F));
-        } else { /* gate and up held apart (weights mapped from a file) */
-            CT_TRY(gpt_linear(gu, 2 * F, ln2, w->wgu, w->hgu, NULL, N, C, F, false, false));
-            CT_TRY(gpt_linear(gu + F, 2 * F, ln2, w->wup, w->hup, NULL, N, C, F, false, false));
-        }
-        CT_TRY(ct_swiglu_forward(h, gu, N, F));
-        memcpy(out, x2, (size_t)(N * C) * sizeof(float));
-        CT_TRY(gpt_linear(out, C, h, w->wdown, w->hdown, NULL, N, F, C, true, false));
-    }
-    return CT_OK;
+    in = gpt_layer_input(m, h, N * F);
+    return gpt_layer_linear(m, out, C, in, w->wdown, w->hdown, NULL, N, F, C, true);
 }
 
 /* The final norm of the last layer's output into lnf. */
@@ -943,9 +908,10 @@ ct_status gpt_head_backward(ct_gpt *m, int64_t B, int64_t T, float grad_scale, f
                                m->w.norm, a->rstdf, N, C);
 }
 
-/* gpt_block_backward in bf16: each GEMM takes the output gradient rounded into a.dyb and the
- * activation (a.xb) or the weights' bf16 copy; products and gradients accumulate in f32. */
-static ct_status block_backward_bf16(ct_gpt *m, int64_t l, int64_t B, int64_t T)
+/* Layer l backward: dres = d loss / d resid[l + 1] in, d loss / d resid[l] out; the layer's
+ * gradients are accumulated into m->g.layer[l]. Each product's backward goes through
+ * gpt_layer_linear_backward in the model's dtype (bf16: products and gradients in f32). */
+ct_status gpt_block_backward(ct_gpt *m, int64_t l, int64_t B, int64_t T)
 {
     const ct_gpt_config *c = &m->cfg;
     int64_t N = B * T, C = c->d_model, E = gpt_E(m), H = c->n_head, K = c->n_kv_head;
@@ -957,27 +923,29 @@ static ct_status block_backward_bf16(ct_gpt *m, int64_t l, int64_t B, int64_t T)
     float *x = a->resid + lo * C, *x2 = a->x2 + lo * C, *ln1 = a->ln1 + lo * C,
           *ln2 = a->ln2 + lo * C;
     float *att = a->att + lo * HE, *gu = a->gu + lo * 2 * F, *h = a->hb + lo * F;
-    uint16_t *xb = a->xb, *dyb = a->dyb;
-    /* MLP block */
-    gpt_to_bf16(dyb, a->dres, N * C);
-    gpt_to_bf16(xb, h, N * F);
-    CT_TRY(ct_gemm_bf16(true, false, C, F, N, 1.0f, dyb, C, xb, F, 1.0f, g->wdown, F));
-    CT_TRY(ct_gemm_bf16(false, false, N, F, C, 1.0f, dyb, C, gpt_wb(m, w->wdown), F, 0.0f, a->dh, F));
+    gpt_input in;
+    /* MLP block: dres is d out; d x2 = dres + rmsnorm'(w_gate_up^T swiglu'(dres w_down)) */
+    in = gpt_layer_input(m, h, N * F);
+    CT_TRY(gpt_layer_linear_backward(m, a->dh, false, g->wdown, a->dres, C, in, w->wdown, N, F, C));
     CT_TRY(ct_swiglu_backward(a->dgu, a->dh, gu, N, F));
-    gpt_to_bf16(dyb, a->dgu, N * 2 * F);
-    gpt_to_bf16(xb, ln2, N * C);
-    CT_TRY(ct_gemm_bf16(false, false, N, C, 2 * F, 1.0f, dyb, 2 * F, gpt_wb(m, w->wgu), C, 0.0f,
-                        a->dln, C));
-    CT_TRY(ct_gemm_bf16(true, false, 2 * F, C, N, 1.0f, dyb, 2 * F, xb, C, 1.0f, g->wgu, C));
+    in = gpt_layer_input(m, ln2, N * C);
+    if (w->wup == w->wgu + F * C) { /* one product on [2F, C] */
+        CT_TRY(gpt_layer_linear_backward(m, a->dln, false, g->wgu, a->dgu, 2 * F, in, w->wgu, N,
+                                         C, 2 * F));
+    } else { /* gate and up held apart: the gradients' [2F, C] at once, dln from each half */
+        CT_TRY(gpt_layer_linear_backward(m, NULL, false, g->wgu, a->dgu, 2 * F, in, NULL, N, C,
+                                         2 * F));
+        CT_TRY(gpt_layer_linear_backward(m, a->dln, false, NULL, a->dgu, 2 * F, in, w->wgu, N, C,
+                                         F));
+        CT_TRY(gpt_layer_linear_backward(m, a->dln, true, NULL, a->dgu + F, 2 * F, in, w->wup, N,
+                                         C, F));
+    }
     CT_TRY(ct_rmsnorm_backward(a->dtmp, g->norm2, a->dln, x2, w->norm2, a->rstd2 + lo, N, C));
     CT_TRY(ct_add(a->dres, a->dres, a->dtmp, N * C));
-    /* attention block */
+    /* attention block: dres is d x2 */
     if (g->bo) sum_rows(g->bo, a->dres, N, C);
-    gpt_to_bf16(dyb, a->dres, N * C);
-    gpt_to_bf16(xb, att, N * HE);
-    CT_TRY(ct_gemm_bf16(true, false, C, HE, N, 1.0f, dyb, C, xb, HE, 1.0f, g->wo, HE));
-    CT_TRY(ct_gemm_bf16(false, false, N, HE, C, 1.0f, dyb, C, gpt_wb(m, w->wo), HE, 0.0f, a->datt,
-                        HE));
+    in = gpt_layer_input(m, att, N * HE);
+    CT_TRY(gpt_layer_linear_backward(m, a->datt, false, g->wo, a->dres, C, in, w->wo, N, HE, C));
     CT_TRY(attention_backward(m, (int)l, B, T));
     CT_TRY(gpt_rope(m, a->dq, B, T, H, true));
     CT_TRY(gpt_rope(m, a->dk, B, T, K, true));
@@ -986,74 +954,16 @@ static ct_status block_backward_bf16(ct_gpt *m, int64_t l, int64_t B, int64_t T)
         sum_rows(g->bk, a->dk, N, KE);
         sum_rows(g->bv, a->dv, N, KE);
     }
-    gpt_to_bf16(xb, ln1, N * C);
+    in = gpt_layer_input(m, ln1, N * C);
     const float *dy[3] = {a->dq, a->dk, a->dv};
     const float *wt[3] = {w->wq, w->wk, w->wv};
     float *gw[3] = {g->wq, g->wk, g->wv};
     int64_t rows[3] = {HE, KE, KE};
-    for (int i = 0; i < 3; i++) { /* dln = dq Wq + dk Wk + dv Wv, in this order */
-        gpt_to_bf16(dyb, dy[i], N * rows[i]);
-        CT_TRY(ct_gemm_bf16(false, false, N, C, rows[i], 1.0f, dyb, rows[i], gpt_wb(m, wt[i]), C,
-                            i ? 1.0f : 0.0f, a->dln, C));
-        CT_TRY(ct_gemm_bf16(true, false, rows[i], C, N, 1.0f, dyb, rows[i], xb, C, 1.0f, gw[i], C));
-    }
+    for (int i = 0; i < 3; i++) /* dln = dq Wq + dk Wk + dv Wv, in this order */
+        CT_TRY(gpt_layer_linear_backward(m, a->dln, i > 0, gw[i], dy[i], rows[i], in, wt[i], N, C,
+                                         rows[i]));
     CT_TRY(ct_rmsnorm_backward(a->dtmp, g->norm1, a->dln, x, w->norm1, a->rstd1 + lo, N, C));
     return ct_add(a->dres, a->dres, a->dtmp, N * C);
-}
-
-/* Layer l backward: dres = d loss / d resid[l + 1] in, d loss / d resid[l] out; the layer's
- * gradients are accumulated into m->g.layer[l]. */
-ct_status gpt_block_backward(ct_gpt *m, int64_t l, int64_t B, int64_t T)
-{
-    const ct_gpt_config *c = &m->cfg;
-    int64_t N = B * T, C = c->d_model, E = gpt_E(m), H = c->n_head, K = c->n_kv_head;
-    int64_t HE = H * E, KE = K * E, F = c->d_ff;
-    gpt_acts *a = &m->a;
-    if (gpt_bf16(m)) return block_backward_bf16(m, l, B, T);
-    {
-        const gpt_layer *w = &m->w.layer[l];
-        gpt_layer *g = &m->g.layer[l];
-        size_t lo = (size_t)l * (size_t)N;
-        float *x = a->resid + lo * C, *x2 = a->x2 + lo * C, *ln1 = a->ln1 + lo * C,
-              *ln2 = a->ln2 + lo * C;
-        float *att = a->att + lo * HE, *gu = a->gu + lo * 2 * F, *h = a->hb + lo * F;
-        /* MLP block: dres is d out; d x2 = dres + rmsnorm'(w_gate_up^T swiglu'(dres w_down)) */
-        CT_TRY(ct_gemm_f32(true, false, C, F, N, 1.0f, a->dres, C, h, F, 1.0f, g->wdown, F));
-        CT_TRY(ct_gemm_f32(false, false, N, F, C, 1.0f, a->dres, C, w->wdown, F, 0.0f, a->dh, F));
-        CT_TRY(ct_swiglu_backward(a->dgu, a->dh, gu, N, F));
-        if (w->wup == w->wgu + F * C) {
-            CT_TRY(ct_linear_backward(a->dln, g->wgu, NULL, a->dgu, ln2, w->wgu, N, C, 2 * F));
-        } else {
-            CT_TRY(ct_linear_backward(NULL, g->wgu, NULL, a->dgu, ln2, w->wgu, N, C, 2 * F));
-            CT_TRY(ct_gemm_f32(false, false, N, C, F, 1.0f, a->dgu, 2 * F, w->wgu, C, 0.0f, a->dln,
-                               C));
-            CT_TRY(ct_gemm_f32(false, false, N, C, F, 1.0f, a->dgu + F, 2 * F, w->wup, C, 1.0f,
-                               a->dln, C));
-        }
-        CT_TRY(ct_rmsnorm_backward(a->dtmp, g->norm2, a->dln, x2, w->norm2, a->rstd2 + lo, N, C));
-        CT_TRY(ct_add(a->dres, a->dres, a->dtmp, N * C));
-        /* attention block: dres is d x2 */
-        if (g->bo) sum_rows(g->bo, a->dres, N, C);
-        CT_TRY(ct_gemm_f32(true, false, C, HE, N, 1.0f, a->dres, C, att, HE, 1.0f, g->wo, HE));
-        CT_TRY(ct_gemm_f32(false, false, N, HE, C, 1.0f, a->dres, C, w->wo, HE, 0.0f, a->datt, HE));
-        CT_TRY(attention_backward(m, (int)l, B, T));
-        CT_TRY(gpt_rope(m, a->dq, B, T, H, true));
-        CT_TRY(gpt_rope(m, a->dk, B, T, K, true));
-        if (g->bq) {
-            sum_rows(g->bq, a->dq, N, HE);
-            sum_rows(g->bk, a->dk, N, KE);
-            sum_rows(g->bv, a->dv, N, KE);
-        }
-        CT_TRY(ct_gemm_f32(false, false, N, C, HE, 1.0f, a->dq, HE, w->wq, C, 0.0f, a->dln, C));
-        CT_TRY(ct_gemm_f32(false, false, N, C, KE, 1.0f, a->dk, KE, w->wk, C, 1.0f, a->dln, C));
-        CT_TRY(ct_gemm_f32(false, false, N, C, KE, 1.0f, a->dv, KE, w->wv, C, 1.0f, a->dln, C));
-        CT_TRY(ct_gemm_f32(true, false, HE, C, N, 1.0f, a->dq, HE, ln1, C, 1.0f, g->wq, C));
-        CT_TRY(ct_gemm_f32(true, false, KE, C, N, 1.0f, a->dk, KE, ln1, C, 1.0f, g->wk, C));
-        CT_TRY(ct_gemm_f32(true, false, KE, C, N, 1.0f, a->dv, KE, ln1, C, 1.0f, g->wv, C));
-        CT_TRY(ct_rmsnorm_backward(a->dtmp, g->norm1, a->dln, x, w->norm1, a->rstd1 + lo, N, C));
-        CT_TRY(ct_add(a->dres, a->dres, a->dtmp, N * C));
-    }
-    return CT_OK;
 }
 
 /* Embedding backward: dres (d loss / d resid[0]) scattered into the embedding's gradient. */

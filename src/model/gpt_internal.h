@@ -108,6 +108,29 @@ ct_status gpt_linear_bf16(float *out, int64_t ldo, const uint16_t *xb, const ct_
                           const float *w, const float *bias, int64_t N, int64_t D, int64_t V,
                           bool accumulate);
 
+/* ---- one product of a layer, in the model's dtype (src/model/gpt_linear.c) ----------------
+ * The block forward and backward (and the head's logits) do every matrix product through
+ * these, so one layer serves both dtypes: f32 multiplies the f32 activation by the f32 (or
+ * mapped bf16 / f16) weights as gpt_linear does; bf16 (gpt_bf16) multiplies the activation
+ * rounded to bf16 by the weights' bf16 copy (gpt_wb), accumulating in f32. */
+typedef struct gpt_input {
+    const float *f;    /* the f32 activation [N, D] */
+    const uint16_t *b; /* bf16: f rounded into m->a.xb (NULL in f32) */
+} gpt_input;
+/* The input x [n values] of the products that follow: bf16 rounds it into m->a.xb (valid
+ * until the next call), f32 only points at it. */
+gpt_input gpt_layer_input(ct_gpt *m, const float *x, int64_t n);
+/* out[N, V] (row stride ldo) = x W^T (+ out when accumulate) + bias (may be NULL), W [V, D]
+ * the matrix w of the model (h: its mapped bits, f32 only). */
+ct_status gpt_layer_linear(const ct_gpt *m, float *out, int64_t ldo, gpt_input x, const float *w,
+                           gpt_half h, const float *bias, int64_t N, int64_t D, int64_t V,
+                           bool accumulate);
+/* Its backward for dy [N, V] (row stride ldy): gw[V, D] += dy^T x (gw NULL: skipped) and
+ * dx[N, D] = dy W (+ dx when dx_accumulate; dx NULL: skipped). bf16 rounds dy into m->a.dyb. */
+ct_status gpt_layer_linear_backward(ct_gpt *m, float *dx, bool dx_accumulate, float *gw,
+                                    const float *dy, int64_t ldy, gpt_input x, const float *w,
+                                    int64_t N, int64_t D, int64_t V);
+
 /* Head dim of the model (cfg.head_dim or d_model / n_head). */
 static inline int64_t gpt_E(const ct_gpt *m)
 {

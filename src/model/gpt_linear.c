@@ -325,3 +325,44 @@ ct_status gpt_linear_bf16(float *out, int64_t ldo, const uint16_t *xb, const ct_
     if (bias && accumulate) add_bias(out, ldo, bias, N, V);
     return CT_OK;
 }
+
+/* ---- one product of a layer in the model's dtype -------------------------------------------- */
+
+gpt_input gpt_layer_input(ct_gpt *m, const float *x, int64_t n)
+{
+    gpt_input in = {x, NULL};
+    if (gpt_bf16(m)) {
+        gpt_to_bf16(m->a.xb, x, n);
+        in.b = m->a.xb;
+    }
+    return in;
+}
+
+ct_status gpt_layer_linear(const ct_gpt *m, float *out, int64_t ldo, gpt_input x, const float *w,
+                           gpt_half h, const float *bias, int64_t N, int64_t D, int64_t V,
+                           bool accumulate)
+{
+    if (gpt_bf16(m)) return gpt_linear_bf16(out, ldo, x.b, m, w, bias, N, D, V, accumulate);
+    return gpt_linear(out, ldo, x.f, w, h, bias, N, D, V, accumulate, false);
+}
+
+ct_status gpt_layer_linear_backward(ct_gpt *m, float *dx, bool dx_accumulate, float *gw,
+                                    const float *dy, int64_t ldy, gpt_input x, const float *w,
+                                    int64_t N, int64_t D, int64_t V)
+{
+    float beta = dx_accumulate ? 1.0f : 0.0f;
+    if (!gpt_bf16(m)) {
+        if (gw) CT_TRY(ct_gemm_f32(true, false, V, D, N, 1.0f, dy, ldy, x.f, D, 1.0f, gw, D));
+        if (dx) CT_TRY(ct_gemm_f32(false, false, N, D, V, 1.0f, dy, ldy, w, D, beta, dx, D));
+        return CT_OK;
+    }
+    uint16_t *dyb = m->a.dyb; /* dy rounded, rows packed: elementwise, so any split is the same */
+    if (ldy == V)
+        gpt_to_bf16(dyb, dy, N * V);
+    else
+        for (int64_t n = 0; n < N; n++)
+            gpt_to_bf16(dyb + n * V, dy + n * ldy, V);
+    if (gw) CT_TRY(ct_gemm_bf16(true, false, V, D, N, 1.0f, dyb, V, x.b, D, 1.0f, gw, D));
+    if (dx) CT_TRY(ct_gemm_bf16(false, false, N, D, V, 1.0f, dyb, V, gpt_wb(m, w), D, beta, dx, D));
+    return CT_OK;
+}
