@@ -766,6 +766,19 @@ ct_status ct_gpt_forward(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T,
     return gpt_head_loss(m, B, T, loss);
 }
 
+/* The fused head's inputs in the model's dtype: x (gpt_layer_input of lnf) and the head. */
+static ct_lce_inputs head_inputs(const ct_gpt *m, gpt_input x, int64_t N)
+{
+    ct_lce_inputs in = {x.f, m->w.out, NULL, CT_DTYPE_F32, m->a.tgt, CT_DTYPE_I32,
+                        N, m->cfg.d_model, m->cfg.vocab_size};
+    if (x.b) {
+        in.h = x.b;
+        in.weight = gpt_wb(m, m->w.out);
+        in.dtype = CT_DTYPE_BF16;
+    }
+    return in;
+}
+
 /* The evaluation loss (plain cross-entropy) of lnf against the targets. */
 ct_status gpt_head_loss(ct_gpt *m, int64_t B, int64_t T, float *loss)
 {
@@ -776,21 +789,12 @@ ct_status gpt_head_loss(ct_gpt *m, int64_t B, int64_t T, float *loss)
                                          "logits; ct_hf_load_params loads f32 weights)");
     ct_ce_options o = loss_options(m, false);
     ct_ce_outputs out = {loss, NULL, NULL};
-    if (gpt_bf16(m)) {
-        gpt_to_bf16(m->a.xb, m->a.lnf, N * C);
-        if (!m->opt.fused_head) {
-            CT_TRY(gpt_linear_bf16(m->a.logits, V, m->a.xb, m, m->w.out, NULL, N, C, V, false));
-            return ct_cross_entropy_forward(&out, m->a.logits, m->a.tgt, CT_DTYPE_I32, N, V, &o);
-        }
-        ct_lce_inputs in = {m->a.xb, gpt_wb(m, m->w.out), NULL, CT_DTYPE_BF16, m->a.tgt,
-                            CT_DTYPE_I32, N, C, V};
-        return ct_linear_cross_entropy_forward(&out, &in, &o);
-    }
+    gpt_input x = gpt_layer_input(m, m->a.lnf, N * C);
     if (!m->opt.fused_head) {
-        CT_TRY(ct_linear_forward(m->a.logits, m->a.lnf, m->w.out, NULL, N, C, V));
+        CT_TRY(gpt_layer_linear(m, m->a.logits, V, x, m->w.out, m->w.hout, NULL, N, C, V, false));
         return ct_cross_entropy_forward(&out, m->a.logits, m->a.tgt, CT_DTYPE_I32, N, V, &o);
     }
-    ct_lce_inputs in = {m->a.lnf, m->w.out, NULL, CT_DTYPE_F32, m->a.tgt, CT_DTYPE_I32, N, C, V};
+    ct_lce_inputs in = head_inputs(m, x, N);
     return ct_linear_cross_entropy_forward(&out, &in, &o);
 }
 
@@ -810,12 +814,8 @@ ct_status ct_gpt_next_logits(ct_gpt *m, const int32_t *tokens, int64_t T, float 
     for (int64_t t = 0; t < T; t++)
         m->a.inp[t] = tokens[t];
     CT_TRY(forward_body(m, 1, T));
-    if (gpt_bf16(m)) {
-        gpt_to_bf16(m->a.xb, m->a.lnf + (T - 1) * C, C);
-        return gpt_linear_bf16(logits, V, m->a.xb, m, m->w.out, NULL, 1, C, V, false);
-    }
-    return gpt_linear(logits, V, m->a.lnf + (T - 1) * C, m->w.out, m->w.hout, NULL, 1, C, V, false,
-                      false);
+    gpt_input x = gpt_layer_input(m, m->a.lnf + (T - 1) * C, C);
+    return gpt_layer_linear(m, logits, V, x, m->w.out, m->w.hout, NULL, 1, C, V, false);
 }
 
 ct_status ct_gpt_logits(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T, float *logits)
@@ -838,11 +838,8 @@ ct_status ct_gpt_logits(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T, 
     for (int64_t i = 0; i < B * T; i++)
         m->a.inp[i] = tokens[i];
     CT_TRY(forward_body(m, B, T));
-    if (gpt_bf16(m)) {
-        gpt_to_bf16(m->a.xb, m->a.lnf, B * T * C);
-        return gpt_linear_bf16(logits, V, m->a.xb, m, m->w.out, NULL, B * T, C, V, false);
-    }
-    return gpt_linear(logits, V, m->a.lnf, m->w.out, m->w.hout, NULL, B * T, C, V, false, false);
+    gpt_input x = gpt_layer_input(m, m->a.lnf, B * T * C);
+    return gpt_layer_linear(m, logits, V, x, m->w.out, m->w.hout, NULL, B * T, C, V, false);
 }
 
 /* ---- backward ------------------------------------------------------------------------------ */
@@ -873,35 +870,27 @@ ct_status gpt_head_backward(ct_gpt *m, int64_t B, int64_t T, float grad_scale, f
     ct_ce_outputs out = {&lossv, NULL, NULL};
     /* head: dln = d loss / d lnf; the head weight's gradient is accumulated (tied: into the
      * embedding's gradient, which the embedding backward adds to below) */
-    if (gpt_bf16(m)) { /* bf16 operands (lnf and the head's copy), f32 statistics and gradients */
-        gpt_to_bf16(a->xb, a->lnf, N * C);
-        const uint16_t *wo = gpt_wb(m, m->w.out);
-        if (m->opt.fused_head) {
-            memset(a->dln, 0, (size_t)(N * C) * sizeof(float));
-            ct_lce_inputs in = {a->xb, wo, NULL, CT_DTYPE_BF16, a->tgt, CT_DTYPE_I32, N, C, V};
-            ct_lce_grads g = {a->dln, m->g.out, NULL, true};
-            CT_TRY(ct_linear_cross_entropy_forward_backward(&out, &g, &grad_scale, &in, &o));
-        } else { /* dlogits rounded into the logits' buffer, dead after the loss's backward */
-            uint16_t *dlb = (uint16_t *)a->logits;
-            CT_TRY(gpt_linear_bf16(a->logits, V, a->xb, m, m->w.out, NULL, N, C, V, false));
-            CT_TRY(ct_cross_entropy_forward(&out, a->logits, a->tgt, CT_DTYPE_I32, N, V, &o));
-            CT_TRY(ct_cross_entropy_backward(a->dlogits, &grad_scale, a->logits, a->tgt,
-                                             CT_DTYPE_I32, N, V, &o));
-            gpt_to_bf16(dlb, a->dlogits, N * V);
-            CT_TRY(ct_gemm_bf16(false, false, N, C, V, 1.0f, dlb, V, wo, C, 0.0f, a->dln, C));
-            CT_TRY(ct_gemm_bf16(true, false, V, C, N, 1.0f, dlb, V, a->xb, C, 1.0f, m->g.out, C));
-        }
-    } else if (m->opt.fused_head) {
+    gpt_input x = gpt_layer_input(m, a->lnf, N * C);
+    if (m->opt.fused_head) {
         memset(a->dln, 0, (size_t)(N * C) * sizeof(float));
-        ct_lce_inputs in = {a->lnf, m->w.out, NULL, CT_DTYPE_F32, a->tgt, CT_DTYPE_I32, N, C, V};
+        ct_lce_inputs in = head_inputs(m, x, N);
         ct_lce_grads g = {a->dln, m->g.out, NULL, true};
         CT_TRY(ct_linear_cross_entropy_forward_backward(&out, &g, &grad_scale, &in, &o));
     } else {
-        CT_TRY(ct_linear_forward(a->logits, a->lnf, m->w.out, NULL, N, C, V));
+        CT_TRY(gpt_layer_linear(m, a->logits, V, x, m->w.out, m->w.hout, NULL, N, C, V, false));
         CT_TRY(ct_cross_entropy_forward(&out, a->logits, a->tgt, CT_DTYPE_I32, N, V, &o));
         CT_TRY(ct_cross_entropy_backward(a->dlogits, &grad_scale, a->logits, a->tgt, CT_DTYPE_I32,
                                          N, V, &o));
-        CT_TRY(ct_linear_backward(a->dln, m->g.out, NULL, a->dlogits, a->lnf, m->w.out, N, C, V));
+        if (x.b) { /* dlogits rounded into the logits' buffer (dead now; a.dyb holds < V) */
+            uint16_t *dlb = (uint16_t *)a->logits;
+            gpt_to_bf16(dlb, a->dlogits, N * V);
+            CT_TRY(ct_gemm_bf16(false, false, N, C, V, 1.0f, dlb, V, gpt_wb(m, m->w.out), C, 0.0f,
+                                a->dln, C));
+            CT_TRY(ct_gemm_bf16(true, false, V, C, N, 1.0f, dlb, V, x.b, C, 1.0f, m->g.out, C));
+        } else {
+            CT_TRY(gpt_layer_linear_backward(m, a->dln, false, m->g.out, a->dlogits, V, x,
+                                             m->w.out, N, C, V));
+        }
     }
     if (loss) *loss = lossv;
     return ct_rmsnorm_backward(a->dres, m->g.norm, a->dln, a->resid + (size_t)c->n_layer * N * C,
