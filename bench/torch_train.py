@@ -285,11 +285,12 @@ def main():
     t0 = time.perf_counter()
     losses = [step()]  # the warm-up (and compilation)
     first = time.perf_counter() - t0
-    ts = []
+    ts, cpu = [], []
     for _ in range(a.repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         losses.append(step())
         ts.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     rss = tc.peak_rss()
     extra = tc.profiled_peak_bytes(step)
     state = state_bytes(model, opt)
@@ -299,7 +300,7 @@ def main():
                     attention=mask_note(model.cfg, tokens, eos, a.attention), dtype=a.dtype,
                     autocast='torch.autocast("cpu", dtype=torch.bfloat16)' if bf16 else None)
     out.update(step={"median_s": med, "min_s": min(ts), "max_s": max(ts), "repeats": a.repeats},
-               first_step_s=first, tokens_per_s=ntok / med, peak_rss_bytes=rss,
+               step_cpu_s=statistics.median(cpu), first_step_s=first, tokens_per_s=ntok / med, peak_rss_bytes=rss,
                state_bytes=state, peak_tracked_bytes=state + extra,
                tracked_by="parameters + AdamW state + torch.profiler profile_memory's peak over one step",
                losses=losses)

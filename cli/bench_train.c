@@ -9,20 +9,47 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef struct tcase {
     ct_trainer *t;
     json_t *losses; /* each step's loss, the warm-up's first (the loss at the initial weights) */
+    double cpu[64]; /* each step's process CPU time (all threads), the warm-up's first */
+    int n;
 } tcase;
+
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static ct_status run_step(void *p)
 {
     tcase *tc = p;
     ct_train_step_info info;
+    double c0 = cpu_now();
     ct_status s = ct_trainer_step(tc->t, &info);
+    if (tc->n < 64) tc->cpu[tc->n++] = cpu_now() - c0;
     if (!s) json_array_append_new(tc->losses, json_real(info.loss));
     return s;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median of the timed steps' CPU times (the warm-up left out). */
+static double cpu_median(tcase *tc)
+{
+    int n = tc->n - 1;
+    if (n < 1) return 0;
+    qsort(tc->cpu + 1, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? tc->cpu[1 + n / 2] : 0.5 * (tc->cpu[n / 2] + tc->cpu[1 + n / 2]);
 }
 
 typedef bench_train_conf bconf; /* bench_util.h: shared with bench scaling */
@@ -112,7 +139,7 @@ static int run_case(bench_ctx *b, const bconf *c, const char *name, const char *
     if (!x) return cli_fail("bench train: corpus", CT_ENOMEM);
     ct_train_options o = step_options(c, name);
     o.steps = 1000000; /* a flat schedule: every timed step does the same work */
-    tcase tc = {NULL, json_array()};
+    tcase tc = {NULL, json_array(), {0}, 0};
     ct_tensor_file *f = NULL;
     ct_memory_stats_t m0, m1;
     ct_memory_stats(&m0);
@@ -140,6 +167,8 @@ static int run_case(bench_ctx *b, const bconf *c, const char *name, const char *
                           "peak_rss_bytes", (json_int_t)bench_peak_rss(), "allocations", "params",
                           (json_int_t)mem.params, "grads", (json_int_t)mem.grads, "optimizer",
                           (json_int_t)mem.optimizer, "activations", (json_int_t)mem.activations);
+    /* CPU time beside wall time: other processes on the same cores stretch the wall time */
+    json_object_set_new(j, "step_cpu_s", json_real(cpu_median(&tc)));
     json_object_set_new(j, "losses", tc.losses);
     bench_print_json(j);
     json_decref(j);

@@ -132,10 +132,10 @@ def test_train_bf16_rows_beside_autocast():
         c = j["fused_flex" + sfx]
         assert c["case"] == "fused-flex" + ("-bf16" if dt == "bf16" else "") and c["dtype"] == dt, c
         assert c["threads"] == threads and c["step"]["repeats"] == 3 and c["tokens_per_s"] > 0, c
-        assert len(c["losses"]) == 4, c  # the warm-up and 3 timed steps
+        assert len(c["losses"]) == 4 and c["step_cpu_s"] > 0, c  # the warm-up and 3 timed steps
         t = j["pytorch_eager" + sfx]
         check_baseline(t, threads, "eager")
-        assert t["dtype"] == dt and len(t["losses"]) == 4, t
+        assert t["dtype"] == dt and len(t["losses"]) == 4 and t["step_cpu_s"] > 0, t
         assert t["autocast"] == ('torch.autocast("cpu", dtype=torch.bfloat16)' if dt == "bf16" else None), t
         assert t["attention"].startswith("the model's mask"), t["attention"]
         assert j["ctorch_vs_pytorch_eager%s_tokens_per_s" % sfx] > 0
