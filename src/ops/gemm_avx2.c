@@ -88,15 +88,6 @@ static void kernel_6x16(int64_t kc, const float *ap, const float *bp, float *c, 
  * transposed) go through 8 x 8 transposes of 8 k at a time, the contiguous sides copy one
  * k row at a time. Rows / columns past m / n are zero. */
 
-static inline float bf16f(uint16_t v)
-{
-    union {
-        uint32_t u;
-        float f;
-    } x = {(uint32_t)v << 16};
-    return x.f;
-}
-
 /* 8 values of row p (f32, or bf16 when bf) from element k on, widened to f32. */
 static inline __m256 load8(const void *p, bool bf, int64_t k)
 {

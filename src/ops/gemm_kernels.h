@@ -80,6 +80,17 @@ typedef struct ct_gemm_kernels {
  * = op(A)(i, 2p), op(A)(i, 2p + 1); bp: pair (p, j) at bp16[(p * NR + j) * 2 + {0, 1}]. */
 bool ct_gemm_bf16_dot(void);
 
+/* A bf16 value widened to f32 (exact: the 16 bits become the high half), inline for the
+ * packers' scalar paths. */
+static inline float bf16f(uint16_t v)
+{
+    union {
+        uint32_t u;
+        float f;
+    } x = {(uint32_t)v << 16};
+    return x.f;
+}
+
 /* Generic packers (gemm_scalar.c), used by every table. */
 void ct_gemm_pack_a_generic(float *dst, const void *A, int64_t lda, bool ta, bool bf, int64_t m, int64_t kc,
                             int mr, int64_t s0, int64_t s1);

@@ -10,15 +10,6 @@
 #define SC_MR 4
 #define SC_NR 8
 
-static inline float bf16f(uint16_t v)
-{
-    union {
-        uint32_t u;
-        float f;
-    } x = {(uint32_t)v << 16};
-    return x.f;
-}
-
 void ct_gemm_pack_a_generic(float *dst, const void *A, int64_t lda, bool ta, bool bf, int64_t m, int64_t kc,
                             int mr, int64_t s0, int64_t s1)
 {
