@@ -1,0 +1,115 @@
+/*
+ * ctorch/device.h - devices and the buffers that live on them.
+ *
+ * A device is where tensors live and ops run: the CPU (always there) or an NVIDIA GPU through
+ * libctorch_cuda.so, which libctorch loads with dlopen on first use (so libctorch, and every
+ * program that only uses the CPU, never needs CUDA). CTORCH_CUDA_LIB names the file to load
+ * instead of the one installed beside libctorch.
+ *
+ * Each device keeps its own memory statistics (current, peak, limit: the analog of
+ * torch.cuda.max_memory_allocated). The CPU device's are the process-wide figures of ct_alloc
+ * (ct_memory_stats). A buffer is one allocation on one device; ct_tensor.buffer names it
+ * (NULL: host memory, as tensors have always been).
+ *
+ *     ct_device_options o = ct_device_options_default();
+ *     ct_device_parse("cuda:0", &o);
+ *     ct_device *gpu;
+ *     if (ct_device_open(&o, &gpu) != CT_OK) fprintf(stderr, "%s\n", ct_last_error());
+ */
+#ifndef CTORCH_DEVICE_H
+#define CTORCH_DEVICE_H
+
+#include "ctorch/core.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum ct_device_kind {
+    CT_DEVICE_CPU = 0,
+    CT_DEVICE_CUDA = 1,
+} ct_device_kind;
+
+typedef struct ct_device_options {
+    ct_device_kind kind; /**< default CT_DEVICE_CPU */
+    int index;           /**< which device of the kind (cuda:N); 0 by default */
+    size_t memory_limit; /**< bytes this device may hold through ctorch (0: no limit) */
+} ct_device_options;
+
+typedef struct ct_device ct_device;
+typedef struct ct_buffer ct_buffer;
+
+/** CPU, index 0, no limit. */
+CT_API ct_device_options ct_device_options_default(void);
+
+/** Parse "cpu", "cuda" (index 0) or "cuda:N" (N a decimal in [0, 1024)) into o->kind and
+ *  o->index; CT_EINVAL naming the text and the accepted forms otherwise. */
+CT_API ct_status ct_device_parse(const char *name, ct_device_options *o);
+
+/** Open a device. CPU: the process's CPU device (one shared object; a limit applies to
+ *  ct_alloc as ct_memory_set_limit does). CUDA: loads libctorch_cuda.so (once), checks the
+ *  driver against the build's CUDA version and opens GPU `index` with its own stream,
+ *  memory pool and statistics. Errors: CT_EUNSUPPORTED with the cause (library not found or
+ *  not built, no GPU, driver older than the build's CUDA naming both versions, index out of
+ *  range naming the count). Open a device once and share it; ct_device_close releases it. */
+CT_API ct_status ct_device_open(const ct_device_options *o, ct_device **out);
+
+/** The CPU device; never fails, never needs closing. */
+CT_API ct_device *ct_device_cpu(void);
+
+/** Release a device opened by ct_device_open (its buffers must be freed first: otherwise
+ *  CT_EINVAL naming the live bytes, and the device stays open). NULL and the CPU device: no-op. */
+CT_API ct_status ct_device_close(ct_device *d);
+
+CT_API ct_device_kind ct_device_get_kind(const ct_device *d);
+CT_API int ct_device_index(const ct_device *d);
+/** "cpu" or "cuda:N"; valid while the device is open. */
+CT_API const char *ct_device_name(const ct_device *d);
+/** One line describing it: "cpu (AMD EPYC 7B13, 2 threads)", "cuda:0 (NVIDIA H200, 139.8 GiB,
+ *  sm_90, driver 13.0, runtime 13.0)"; valid while the device is open. */
+CT_API const char *ct_device_describe(const ct_device *d);
+
+/** Wait until the device has finished the work queued on it. */
+CT_API ct_status ct_device_sync(ct_device *d);
+
+/** Memory this device holds through ctorch. */
+CT_API void ct_device_memory_stats(const ct_device *d, ct_memory_stats_t *out);
+/** Set the peak to the current bytes. */
+CT_API void ct_device_reset_peak(ct_device *d);
+/** Cap the bytes this device may hold (0: none); allocations past it fail with CT_ENOMEM. */
+CT_API void ct_device_set_memory_limit(ct_device *d, size_t bytes);
+
+/** What `ctorch version` prints about the CUDA backend: "cuda: NVIDIA H200 (driver 13.0,
+ *  runtime 13.0) from <file>" or "cuda: not loaded: <why>". Loads the library if needed;
+ *  never fails; valid until the next call on the thread. */
+CT_API const char *ct_cuda_describe(void);
+
+/* ---- buffers --------------------------------------------------------------------------- */
+
+/** One allocation of `bytes` (> 0) on device d, uninitialised (64-byte aligned on the CPU,
+ *  256 on a GPU). CT_ENOMEM names the device, the size and the limit. */
+CT_API ct_status ct_buffer_alloc(ct_device *d, size_t bytes, ct_buffer **out);
+/** Same, zero-filled. */
+CT_API ct_status ct_buffer_zeros(ct_device *d, size_t bytes, ct_buffer **out);
+/** NULL is a no-op. */
+CT_API void ct_buffer_free(ct_buffer *b);
+CT_API ct_device *ct_buffer_device(const ct_buffer *b);
+CT_API size_t ct_buffer_size(const ct_buffer *b);
+/** The buffer's address on its device (a host pointer for the CPU; a device pointer that the
+ *  host must not dereference for a GPU). */
+CT_API void *ct_buffer_data(const ct_buffer *b);
+/** Copy host memory into [offset, offset + n) of b. CT_EINVAL when the range leaves b. */
+CT_API ct_status ct_buffer_write(ct_buffer *b, size_t offset, const void *src, size_t n);
+/** Copy [offset, offset + n) of b into host memory (waits for the device). */
+CT_API ct_status ct_buffer_read(const ct_buffer *b, size_t offset, void *dst, size_t n);
+/** Copy n bytes between buffers (on one device, or across devices through the host). */
+CT_API ct_status ct_buffer_copy(ct_buffer *dst, size_t dst_offset, const ct_buffer *src,
+                                size_t src_offset, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

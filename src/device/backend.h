@@ -1,0 +1,182 @@
+/*
+ * The backend table: what a device (the CPU, or a GPU through its own shared library) gives
+ * libctorch. One table per backend kind; libctorch's device layer (src/device/device.c) keeps
+ * the memory accounting, the argument checks and the error messages above it, so every device
+ * is counted and checked the same way.
+ *
+ * This header is the ABI between libctorch and libctorch_cuda.so (loaded with dlopen), so it
+ * depends only on ctorch's public headers (plain structs and enums) and is C and C++ alike.
+ * A backend library exports one symbol:
+ *
+ *     int ct_backend_cuda_entry(int api_version, const ct_backend_ops **ops);
+ *
+ * returning 0 and its table when it speaks api_version (CT_BACKEND_API_VERSION), else a
+ * non-zero ct_status. Change the version with any change of this file's structs or slots.
+ *
+ * Rules every slot follows:
+ * - The first argument is the backend's context (ct_backend *, from open). Pointers are the
+ *   device's memory (from alloc) unless said otherwise; sizes are element counts.
+ * - Work is ordered on the device's one stream; a slot may return before the device finished
+ *   (sync waits). Host-visible results (a loss, a norm) are read with copy_d2h.
+ * - A slot returns 0 or a ct_status value; on failure last_error() (thread-local, valid until
+ *   the next failing call on the thread) names the slot and the cause. A slot never prints,
+ *   never exits, never aborts. A NULL slot means "not on this device": the device layer
+ *   answers CT_EUNSUPPORTED naming the op and the device.
+ * - Arguments reach a slot already checked (sizes >= 0, pointers non-NULL where needed,
+ *   token ids in range): slots check only what only they can (their own limits).
+ * - Results are deterministic: the same bits run to run on the same device model (launch
+ *   shapes from tensor shapes only, no atomic accumulation of floats, fixed-order sums).
+ * - dtype arguments say the element type of the activation / weight operands (CT_DTYPE_F32 or
+ *   CT_DTYPE_BF16, stored as uint16_t bits); accumulation is f32 (sums of squares in double
+ *   where the CPU kernels use double); gradients of parameters are f32.
+ */
+#ifndef CT_DEVICE_BACKEND_H
+#define CT_DEVICE_BACKEND_H
+
+#include "ctorch/core.h"
+#include "ctorch/loss.h"
+#include "ctorch/tensor.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CT_BACKEND_API_VERSION 1
+
+typedef struct ct_backend ct_backend; /* a backend's own context for one device */
+
+/* What a backend says of its device (describe). */
+typedef struct ct_backend_info {
+    char name[128];          /* "NVIDIA H200" / the CPU's name */
+    size_t total_bytes;      /* device memory (0: host memory, unbounded here) */
+    int driver_version;      /* CUDA: cudaDriverGetVersion (e.g. 13000); 0 elsewhere */
+    int runtime_version;     /* CUDA: the runtime the library was built with */
+    int compute_capability;  /* CUDA: major * 10 + minor (90 for sm_90); 0 elsewhere */
+    int multiprocessors;     /* CUDA: SM count; CPU: online cores */
+} ct_backend_info;
+
+/* Attention of the model's layout: q [B, T, H, E], k and v [B, T, Hk, E] (H % Hk == 0, GQA),
+ * out [B, T, H, E], lse [B, H, T] (natural log), all contiguous on the device. `scale` is the
+ * softmax scale (1/sqrt(E) by default). Masks: causal only in slot sdpa (mask == NULL); the
+ * CPU backend also takes a dense boolean mask [B, 1, T, T] (mask != NULL, host = device
+ * memory there). Flex (block masks, mods) is its own slot family, CPU-only in API version 1. */
+typedef struct ct_attn_args {
+    int64_t B, T, H, Hk, E;
+    float scale;
+    const void *q, *k, *v; /* dtype */
+    void *out;             /* dtype */
+    float *lse;
+    const uint8_t *mask;   /* NULL: causal */
+    ct_dtype dtype;
+} ct_attn_args;
+
+typedef struct ct_attn_grads {
+    const void *dout; /* [B, T, H, E] dtype */
+    void *dq, *dk, *dv; /* written, dtype */
+} ct_attn_grads;
+
+typedef struct ct_backend_ops {
+    int api_version; /* CT_BACKEND_API_VERSION */
+    const char *kind; /* "cpu", "cuda" */
+
+    /* ---- device ------------------------------------------------------------------------ */
+    /* Number of devices of this kind (0 with the reason in last_error when none). */
+    int (*count)(int *n);
+    int (*open)(int index, ct_backend **out);
+    void (*close)(ct_backend *b);
+    const char *(*last_error)(void);
+    int (*describe)(ct_backend *b, ct_backend_info *info);
+    /* Device memory of `bytes` (> 0), 256-byte aligned, uninitialised; stream-ordered. */
+    int (*alloc)(ct_backend *b, size_t bytes, void **out);
+    void (*free)(ct_backend *b, void *p);
+    int (*copy_h2d)(ct_backend *b, void *dst, const void *src, size_t bytes);
+    int (*copy_d2h)(ct_backend *b, void *dst, const void *src, size_t bytes); /* waits */
+    int (*copy_d2d)(ct_backend *b, void *dst, const void *src, size_t bytes);
+    int (*memset0)(ct_backend *b, void *dst, size_t bytes);
+    int (*sync)(ct_backend *b);
+
+    /* ---- linear algebra ------------------------------------------------------------------ */
+    /* ct_gemm_f32's contract, row-major: C[M,N] (ldc) = alpha op(A) op(B) + beta C; A and B
+     * in dtype (f32 or bf16), C f32; lda/ldb/ldc row strides in elements (never 0 here). */
+    int (*gemm)(ct_backend *b, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                float alpha, const void *A, int64_t lda, const void *B, int64_t ldb, float beta,
+                float *C, int64_t ldc, ct_dtype dtype);
+
+    /* ---- element-wise and rows ----------------------------------------------------------- */
+    /* out[n] = a[n] + b[n] (f32; out may alias a or b). */
+    int (*add)(ct_backend *b, float *out, const float *x, const float *y, int64_t n);
+    /* x[n] *= s (f32). */
+    int (*scale)(ct_backend *b, float *x, float s, int64_t n);
+    /* dst[n] = src[n] rounded to bf16, round to nearest even (NaN stays NaN). */
+    int (*to_bf16)(ct_backend *b, uint16_t *dst, const float *src, int64_t n);
+    /* x[r, :] += bias for r < N, rows of C (f32). */
+    int (*bias_add_rows)(ct_backend *b, float *x, const float *bias, int64_t N, int64_t C);
+    /* db[c] += sum over rows r (in order) of d[r, c] (f32). */
+    int (*bias_grad_rows)(ct_backend *b, float *db, const float *d, int64_t N, int64_t C);
+
+    /* ---- normalisation, position, activation --------------------------------------------- */
+    /* ct_rmsnorm_forward / _backward (f32: the model keeps activations in f32 in both of its
+     * dtypes; bf16 reaches only the GEMM, loss and attention operands). */
+    int (*rmsnorm_fwd)(ct_backend *b, float *out, float *rstd, const float *inp,
+                       const float *weight, int64_t N, int64_t C, float eps);
+    int (*rmsnorm_bwd)(ct_backend *b, float *dinp, float *dweight, const float *dout,
+                       const float *inp, const float *weight, const float *rstd, int64_t N,
+                       int64_t C);
+    /* In-place RoPE of x [B, T, H, E] at positions 0..T-1 with inv_freq [E/2] (device memory,
+     * f32): ct_rope_forward_freqs (inverse rotation when backward). The angle p * inv_freq[i]
+     * is an f32 product; cos / sin of it in f32 as the CPU kernel does (within rounding). */
+    int (*rope)(ct_backend *b, float *x, int64_t B, int64_t T, int64_t H, int64_t E,
+                const float *inv_freq, bool backward);
+    /* ct_swiglu_forward / _backward (f32). */
+    int (*swiglu_fwd)(ct_backend *b, float *out, const float *inp, int64_t N, int64_t F);
+    int (*swiglu_bwd)(ct_backend *b, float *dinp, const float *dout, const float *inp,
+                      int64_t N, int64_t F);
+
+    /* ---- embedding ------------------------------------------------------------------------ */
+    /* out[n, :] = table[ids[n], :] (ids int32 in [0, V), checked by the caller). */
+    int (*embed_fwd)(ct_backend *b, float *out, const int32_t *ids, const float *table,
+                     int64_t N, int64_t V, int64_t D);
+    /* dtable[ids[n], :] += dout[n, :], each row receiving its tokens in token order (no
+     * atomics: the CPU's bits). */
+    int (*embed_bwd)(ct_backend *b, float *dtable, const float *dout, const int32_t *ids,
+                     int64_t N, int64_t V, int64_t D);
+
+    /* ---- losses ---------------------------------------------------------------------------- */
+    /* ct_cross_entropy_forward / _backward on logits [N, V] f32 with int32 targets (device),
+     * options as in ct_ce_options (class_weight a device pointer; scratch_bytes ignored).
+     * out->loss (and z_loss, lse when set) are device pointers. grad_scale a host float. */
+    int (*ce_fwd)(ct_backend *b, ct_ce_outputs *out, const float *logits, const int32_t *target,
+                  int64_t N, int64_t V, const ct_ce_options *o);
+    int (*ce_bwd)(ct_backend *b, float *dlogits, float grad_scale, const float *logits,
+                  const int32_t *target, int64_t N, int64_t V, const ct_ce_options *o);
+    /* The fused linear + cross-entropy (ct_linear_cross_entropy_forward[_backward]): inputs
+     * in->h, weight, bias, target device pointers (in->dtype f32 or bf16, target int32 or
+     * int64); never the N x V logits in memory (scratch bounded by o->scratch_bytes, or the
+     * backend's own bound); grads NULL for forward only; dh and dW in a fixed order. */
+    int (*lce)(ct_backend *b, ct_ce_outputs *out, ct_lce_grads *grads, float grad_scale,
+               const ct_lce_inputs *in, const ct_ce_options *o);
+
+    /* ---- attention ----------------------------------------------------------------------- */
+    int (*sdpa_fwd)(ct_backend *b, const ct_attn_args *a);
+    int (*sdpa_bwd)(ct_backend *b, const ct_attn_args *a, const ct_attn_grads *g);
+
+    /* ---- optimizer ----------------------------------------------------------------------- */
+    /* ct_adamw_step's update of n values (t = step, 1-based; hyper-parameters as there). */
+    int (*adamw)(ct_backend *b, float *param, const float *grad, float *m, float *v, int64_t n,
+                 int64_t step, float lr, float beta1, float beta2, float eps, float weight_decay);
+    /* *out (device, one double) = sum of g[i]^2 over n values, in double, blocks of 16384
+     * values summed in order and the block sums added in block order (ct_grad_norm's sum). */
+    int (*sumsq)(ct_backend *b, double *out, const float *g, int64_t n);
+} ct_backend_ops;
+
+/* The entry point a backend library exports (see the top of this file). */
+typedef int (*ct_backend_entry_fn)(int api_version, const ct_backend_ops **ops);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
