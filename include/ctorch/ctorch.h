@@ -40,6 +40,7 @@
 
 #include "ctorch/core.h"
 #include "ctorch/tensor.h"
+#include "ctorch/device.h"
 #include "ctorch/ops.h"
 #include "ctorch/loss.h"
 #include "ctorch/telemetry.h"

@@ -50,6 +50,9 @@ typedef struct ct_tensor {
     int64_t shape[CT_MAX_DIMS];
     int64_t strides[CT_MAX_DIMS]; /**< in elements; 0 for broadcast (expanded) dims */
     bool owns;                    /**< data was allocated by ctorch and is freed with the tensor */
+    struct ct_buffer *buffer;     /**< the device buffer data lies in (ctorch/device.h); NULL:
+                                       host memory. Tensors on a GPU are views of a buffer
+                                       (ct_tensor_wrap_buffer): host-side calls refuse them. */
 } ct_tensor;
 
 /** Allocate a contiguous tensor (uninitialised). shape may be NULL when ndim == 0. */
@@ -59,6 +62,14 @@ CT_API ct_status ct_tensor_zeros(ct_tensor *out, ct_dtype dt, int ndim, const in
 /** Wrap caller memory without copying. strides == NULL means contiguous (row-major). */
 CT_API ct_status ct_tensor_wrap(ct_tensor *out, void *data, ct_dtype dt, int ndim,
                                 const int64_t *shape, const int64_t *strides);
+/** View of bytes [offset, ...) of a device buffer (ctorch/device.h) as a tensor; strides NULL
+ *  means contiguous. CT_EINVAL when the elements the view reaches leave the buffer, offset is
+ *  not a multiple of the element size, or a stride is negative. Never owns. */
+CT_API ct_status ct_tensor_wrap_buffer(ct_tensor *out, struct ct_buffer *buffer, size_t offset,
+                                       ct_dtype dt, int ndim, const int64_t *shape,
+                                       const int64_t *strides);
+/** True when t's memory is host memory (no buffer, or a CPU buffer). */
+CT_API bool ct_tensor_on_host(const ct_tensor *t);
 /** Release an owning tensor's memory and reset it; views are just reset. NULL is a no-op. */
 CT_API void ct_tensor_free(ct_tensor *t);
 

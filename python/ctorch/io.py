@@ -46,7 +46,7 @@ _i64p = _P(ctypes.c_int64)
 class _Tensor(ctypes.Structure):
     _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("ndim", ctypes.c_int),
                 ("shape", ctypes.c_int64 * MAX_DIMS), ("strides", ctypes.c_int64 * MAX_DIMS),
-                ("owns", ctypes.c_bool)]
+                ("owns", ctypes.c_bool), ("buffer", ctypes.c_void_p)]
 
 
 class _Info(ctypes.Structure):

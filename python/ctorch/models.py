@@ -22,6 +22,7 @@ import os
 import torch
 
 from ._lib import check, cpath, cstr, lib, read_regular
+from . import io as _io
 
 _P = ctypes.POINTER
 _vp = ctypes.c_void_p
@@ -50,10 +51,7 @@ class _Options(ctypes.Structure):
                 ("dtype", ctypes.c_int)]
 
 
-class _Tensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("ndim", ctypes.c_int),
-                ("shape", ctypes.c_int64 * 8), ("strides", ctypes.c_int64 * 8),
-                ("owns", ctypes.c_bool)]
+_Tensor = _io._Tensor  # the one mirror of ct_tensor (ctorch.io)
 
 
 _CT_BF16 = 3  # CT_DTYPE_BF16 of ctorch/tensor.h

@@ -1,4 +1,5 @@
 #include "core/internal.h"
+#include "ctorch/device.h"
 #include "ctorch/tensor.h"
 
 #include <math.h>
@@ -291,6 +292,67 @@ ct_status ct_tensor_wrap(ct_tensor *out, void *data, ct_dtype dt, int ndim, cons
     return CT_OK;
 }
 
+ct_status ct_tensor_wrap_buffer(ct_tensor *out, struct ct_buffer *buffer, size_t offset,
+                                ct_dtype dt, int ndim, const int64_t *shape, const int64_t *strides)
+{
+    const char *fn = "ct_tensor_wrap_buffer";
+    if (!out) return ct_error(CT_EINVAL, "%s: out must not be NULL", fn);
+    memset(out, 0, sizeof *out);
+    if (!buffer) return ct_error(CT_EINVAL, "%s: buffer must not be NULL", fn);
+    if (!dtype_valid(dt)) return ct_error(CT_EINVAL, "%s: invalid dtype %d", fn, (int)dt);
+    size_t es = ct_dtype_size(dt), bytes, cap = ct_buffer_size(buffer);
+    CT_TRY(check_shape(fn, ndim, shape, es, &bytes));
+    if (offset % es)
+        return ct_error(CT_EINVAL, "%s: offset %zu is not a multiple of the %s element size %zu", fn,
+                        offset, ct_dtype_name(dt), es);
+    /* the farthest element the view reaches: sum of (shape - 1) * stride */
+    uint64_t last = 0;
+    bool empty = false;
+    for (int i = 0; i < ndim; i++) {
+        int64_t st = strides ? strides[i] : 0;
+        if (shape[i] == 0) empty = true;
+        if (strides && st < 0)
+            return ct_error(CT_EINVAL, "%s: stride %d is negative (%lld)", fn, i, (long long)st);
+    }
+    if (strides && !empty) {
+        for (int i = 0; i < ndim; i++) {
+            uint64_t ext = (uint64_t)(shape[i] - 1), st = (uint64_t)strides[i];
+            if (st && ext > (UINT64_MAX - last) / st)
+                return ct_error(CT_EOVERFLOW, "%s: the view's extent overflows", fn);
+            last += ext * st;
+        }
+        if (last > (UINT64_MAX / es) - 1)
+            return ct_error(CT_EOVERFLOW, "%s: the view's extent overflows", fn);
+        bytes = (size_t)((last + 1) * es);
+    } else if (empty) {
+        bytes = 0;
+    }
+    if (offset > cap || bytes > cap - offset)
+        return ct_error(CT_EINVAL, "%s: bytes [%zu, %zu + %zu) leave the buffer of %zu bytes", fn,
+                        offset, offset, bytes, cap);
+    out->data = (char *)ct_buffer_data(buffer) + offset;
+    out->dtype = dt;
+    out->buffer = buffer;
+    set_contiguous(out, ndim, shape);
+    if (strides)
+        for (int i = 0; i < ndim; i++) out->strides[i] = strides[i];
+    return CT_OK;
+}
+
+bool ct_tensor_on_host(const ct_tensor *t)
+{
+    return t && (!t->buffer || ct_device_get_kind(ct_buffer_device(t->buffer)) == CT_DEVICE_CPU);
+}
+
+/* Host-side element access refuses tensors that live on a GPU. */
+static ct_status host_only(const char *fn, const ct_tensor *t)
+{
+    if (ct_tensor_on_host(t)) return CT_OK;
+    return ct_error(CT_EINVAL, "%s: the tensor lives on %s: copy it to the host first "
+                               "(ct_buffer_read)",
+                    fn, ct_device_name(ct_buffer_device(t->buffer)));
+}
+
 void ct_tensor_free(ct_tensor *t)
 {
     if (!t) return;
@@ -458,6 +520,8 @@ ct_status ct_tensor_expand(const ct_tensor *t, int ndim, const int64_t *shape, c
 ct_status ct_tensor_copy(ct_tensor *dst, const ct_tensor *src)
 {
     if (!dst || !src) return ct_error(CT_EINVAL, "ct_tensor_copy: dst and src must not be NULL");
+    CT_TRY(host_only("ct_tensor_copy (dst)", dst));
+    CT_TRY(host_only("ct_tensor_copy (src)", src));
     if (!dtype_valid(dst->dtype) || !dtype_valid(src->dtype))
         return ct_error(CT_EINVAL, "ct_tensor_copy: invalid dtype");
     if (dst->ndim != src->ndim)
@@ -505,6 +569,7 @@ ct_status ct_tensor_contiguous(const ct_tensor *t, ct_tensor *out)
 ct_status ct_tensor_cast(const ct_tensor *t, ct_dtype dt, ct_tensor *out)
 {
     if (!t || !out) return ct_error(CT_EINVAL, "ct_tensor_cast: t and out must not be NULL");
+    CT_TRY(host_only("ct_tensor_cast", t));
     ct_tensor src = *t; /* out may alias t */
     ct_tensor r;
     CT_TRY(ct_tensor_empty(&r, dt, src.ndim, src.shape));
@@ -520,6 +585,7 @@ ct_status ct_tensor_cast(const ct_tensor *t, ct_dtype dt, ct_tensor *out)
 ct_status ct_tensor_fill(ct_tensor *t, double v)
 {
     if (!t || !dtype_valid(t->dtype)) return ct_error(CT_EINVAL, "ct_tensor_fill: invalid tensor");
+    CT_TRY(host_only("ct_tensor_fill", t));
     unsigned char one[8];
     store_elem(one, t->dtype, v);
     ct_tensor s;

@@ -1,6 +1,7 @@
 /* AdamW, gradient norm and clipping, learning-rate schedule (include/ctorch/optim.h). */
 #include "core/internal.h"
 #include "ctorch/optim.h"
+#include "model/optim_internal.h"
 
 #include <math.h>
 
@@ -97,9 +98,9 @@ static void norm_blocks(void *ctx, int64_t b0, int64_t b1, int tid)
     }
 }
 
-ct_status ct_grad_norm(const float *g, int64_t n, double *norm)
+ct_status ct_grad_sumsq(const float *g, int64_t n, double *out)
 {
-    if (!norm) return ct_error(CT_EINVAL, "ct_grad_norm: norm must not be NULL");
+    if (!out) return ct_error(CT_EINVAL, "ct_grad_norm: norm must not be NULL");
     if (n < 0 || (n && !g))
         return ct_error(CT_EINVAL, "ct_grad_norm: need n >= 0 and g with n values");
     int64_t nb = (n + NORM_BLOCK - 1) / NORM_BLOCK;
@@ -111,6 +112,15 @@ ct_status ct_grad_norm(const float *g, int64_t n, double *norm)
     for (int64_t b = 0; b < nb; b++)
         s += part[b];
     ct_free(part);
+    *out = s;
+    return CT_OK;
+}
+
+ct_status ct_grad_norm(const float *g, int64_t n, double *norm)
+{
+    if (!norm) return ct_error(CT_EINVAL, "ct_grad_norm: norm must not be NULL");
+    double s = 0;
+    CT_TRY(ct_grad_sumsq(g, n, &s));
     *norm = sqrt(s);
     return CT_OK;
 }

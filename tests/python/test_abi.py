@@ -35,11 +35,12 @@ def test_every_mirror_is_checked():
 def test_the_c_side():
     size, n = ctypes.c_size_t(), ctypes.c_int()
     assert ctorch.lib.ct_abi_struct_layout(b"ct_tensor", ctypes.byref(size), ctypes.byref(n)) == 0
-    assert size.value == 8 + 4 + 4 + 8 * 8 * 2 + 8 and n.value == 6
+    # data, dtype, ndim, shape, strides, owns (padded to 8), buffer
+    assert size.value == 8 + 4 + 4 + 8 * 8 * 2 + 8 + 8 and n.value == 7
     assert ctorch.lib.ct_abi_struct_layout(b"ct_no_such", ctypes.byref(size), ctypes.byref(n)) != 0
     assert "ct_no_such" in ctorch.lib.ct_last_error().decode()
     name, off, sz = ctypes.c_char_p(), ctypes.c_size_t(), ctypes.c_size_t()
-    assert ctorch.lib.ct_abi_struct_field(b"ct_tensor", 6, ctypes.byref(name), ctypes.byref(off),
+    assert ctorch.lib.ct_abi_struct_field(b"ct_tensor", 7, ctypes.byref(name), ctypes.byref(off),
                                           ctypes.byref(sz)) != 0
     assert ctorch.lib.ct_abi_struct_field(b"ct_tensor", 1, ctypes.byref(name), ctypes.byref(off),
                                           ctypes.byref(sz)) == 0

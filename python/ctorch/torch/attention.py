@@ -14,6 +14,7 @@ import math
 import torch
 
 from .._lib import check, lib
+from .. import io as _io
 from . import _checks as C
 from . import _trace
 
@@ -53,9 +54,7 @@ class _FlexOptions(ctypes.Structure):
     _fields_ = [("scale", ctypes.c_float), ("score_mod", _vp), ("grad_scratch_bytes", ctypes.c_size_t)]
 
 
-class _Tensor(ctypes.Structure):
-    _fields_ = [("data", _vp), ("dtype", ctypes.c_int), ("ndim", ctypes.c_int),
-                ("shape", _i64 * 8), ("strides", _i64 * 8), ("owns", ctypes.c_bool)]
+_Tensor = _io._Tensor  # the one mirror of ct_tensor (ctorch.io)
 
 
 _TILE_FN = ctypes.CFUNCTYPE(None, _vp, _P(_Tile), _vp)

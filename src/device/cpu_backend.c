@@ -1,0 +1,279 @@
+/*
+ * The CPU backend: the table of device/backend.h over today's kernels (no maths lives here).
+ * Statuses and messages are the kernels' own (ct_dev_result passes them through on the CPU).
+ */
+#include "device/device_internal.h"
+#include "ctorch/attention.h"
+#include "ctorch/ops.h"
+#include "ctorch/ops_elementwise.h"
+#include "ctorch/ops_index.h"
+#include "ctorch/ops_norm.h"
+#include "ctorch/optim.h"
+#include "model/optim_internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static int cpu_count(int *n)
+{
+    *n = 1;
+    return 0;
+}
+
+static int cpu_open(int index, ct_backend **out)
+{
+    *out = NULL;
+    return index == 0 ? 0 : ct_error(CT_EINVAL, "the CPU device has index 0, got %d", index);
+}
+
+static void cpu_close(ct_backend *b)
+{
+}
+
+static const char *cpu_last_error(void)
+{
+    return ct_last_error();
+}
+
+static int cpu_describe(ct_backend *b, ct_backend_info *info)
+{
+    memset(info, 0, sizeof *info);
+    snprintf(info->name, sizeof info->name, "%s", ct_cpu_name());
+    info->multiprocessors = ct_num_threads();
+    return 0;
+}
+
+static int cpu_alloc(ct_backend *b, size_t bytes, void **out)
+{
+    return ct_alloc(out, bytes);
+}
+
+static void cpu_free(ct_backend *b, void *p)
+{
+    ct_free(p);
+}
+
+static int cpu_copy(ct_backend *b, void *dst, const void *src, size_t bytes)
+{
+    if (bytes) memmove(dst, src, bytes);
+    return 0;
+}
+
+static int cpu_memset0(ct_backend *b, void *dst, size_t bytes)
+{
+    if (bytes) memset(dst, 0, bytes);
+    return 0;
+}
+
+static int cpu_sync(ct_backend *b)
+{
+    return 0;
+}
+
+static int cpu_gemm(ct_backend *b, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                    const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C,
+                    int64_t ldc, ct_dtype dtype)
+{
+    if (dtype == CT_DTYPE_BF16)
+        return ct_gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (dtype != CT_DTYPE_F32)
+        return ct_error(CT_EUNSUPPORTED, "gemm on cpu: operands must be f32 or bf16, got %s",
+                        ct_dtype_name(dtype));
+    return ct_gemm_f32(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+static int cpu_add(ct_backend *b, float *out, const float *x, const float *y, int64_t n)
+{
+    return ct_add(out, x, y, n);
+}
+
+static int cpu_scale(ct_backend *b, float *x, float s, int64_t n)
+{
+    return ct_scale(x, x, s, n);
+}
+
+static int cpu_to_bf16(ct_backend *b, uint16_t *dst, const float *src, int64_t n)
+{
+    ct_convert_f32_to_bf16(dst, src, (size_t)n);
+    return 0;
+}
+
+static int cpu_bias_add_rows(ct_backend *b, float *x, const float *bias, int64_t N, int64_t C)
+{
+    ct_bias_add_rows(x, bias, N, C);
+    return 0;
+}
+
+static int cpu_bias_grad_rows(ct_backend *b, float *db, const float *d, int64_t N, int64_t C)
+{
+    ct_bias_grad_rows(db, d, N, C);
+    return 0;
+}
+
+static int cpu_rmsnorm_fwd(ct_backend *b, float *out, float *rstd, const float *inp,
+                           const float *weight, int64_t N, int64_t C, float eps)
+{
+    return ct_rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
+}
+
+static int cpu_rmsnorm_bwd(ct_backend *b, float *dinp, float *dweight, const float *dout,
+                           const float *inp, const float *weight, const float *rstd, int64_t N,
+                           int64_t C)
+{
+    return ct_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
+}
+
+static int cpu_rope(ct_backend *b, float *x, int64_t B, int64_t T, int64_t H, int64_t E,
+                    const float *inv_freq, bool backward)
+{
+    return backward ? ct_rope_backward_freqs(x, x, NULL, B, T, H, E, inv_freq)
+                    : ct_rope_forward_freqs(x, x, NULL, B, T, H, E, inv_freq);
+}
+
+static int cpu_swiglu_fwd(ct_backend *b, float *out, const float *inp, int64_t N, int64_t F)
+{
+    return ct_swiglu_forward(out, inp, N, F);
+}
+
+static int cpu_swiglu_bwd(ct_backend *b, float *dinp, const float *dout, const float *inp,
+                          int64_t N, int64_t F)
+{
+    return ct_swiglu_backward(dinp, dout, inp, N, F);
+}
+
+static int cpu_embed_fwd(ct_backend *b, float *out, const int32_t *ids, const float *table,
+                         int64_t N, int64_t V, int64_t D)
+{
+    return ct_embedding_forward(out, ids, CT_DTYPE_I32, table, N, V, D);
+}
+
+static int cpu_embed_bwd(ct_backend *b, float *dtable, const float *dout, const int32_t *ids,
+                         int64_t N, int64_t V, int64_t D)
+{
+    return ct_embedding_backward(dtable, dout, ids, CT_DTYPE_I32, N, V, D,
+                                 CT_EMBEDDING_NO_PADDING);
+}
+
+static int cpu_ce_fwd(ct_backend *b, ct_ce_outputs *out, const float *logits,
+                      const int32_t *target, int64_t N, int64_t V, const ct_ce_options *o)
+{
+    return ct_cross_entropy_forward(out, logits, target, CT_DTYPE_I32, N, V, o);
+}
+
+static int cpu_ce_bwd(ct_backend *b, float *dlogits, float grad_scale, const float *logits,
+                      const int32_t *target, int64_t N, int64_t V, const ct_ce_options *o)
+{
+    return ct_cross_entropy_backward(dlogits, &grad_scale, logits, target, CT_DTYPE_I32, N, V, o);
+}
+
+static int cpu_lce(ct_backend *b, ct_ce_outputs *out, ct_lce_grads *grads, float grad_scale,
+                   const ct_lce_inputs *in, const ct_ce_options *o)
+{
+    if (!grads) return ct_linear_cross_entropy_forward(out, in, o);
+    return ct_linear_cross_entropy_forward_backward(out, grads, &grad_scale, in, o);
+}
+
+/* The model's attention layout as tensors for ct_sdpa_*: [B, T, H, E] memory seen as
+ * [B, H, T, E] (the head dim moved by strides). */
+static ct_status head_view(ct_tensor *t, const void *p, int64_t B, int64_t T, int64_t H, int64_t E)
+{
+    int64_t shape[4] = {B, H, T, E}, strides[4] = {T * H * E, E, H * E, 1};
+    return ct_tensor_wrap(t, (void *)p, CT_DTYPE_F32, 4, shape, strides);
+}
+
+static ct_status attn_views(const ct_attn_args *a, ct_tensor *q, ct_tensor *k, ct_tensor *v,
+                            ct_tensor *o, ct_tensor *lse, ct_tensor *mask, ct_sdpa_options *so)
+{
+    if (a->dtype != CT_DTYPE_F32)
+        return ct_error(CT_EUNSUPPORTED, "sdpa on cpu: f32 only, got %s", ct_dtype_name(a->dtype));
+    CT_TRY(head_view(q, a->q, a->B, a->T, a->H, a->E));
+    CT_TRY(head_view(k, a->k, a->B, a->T, a->Hk, a->E));
+    CT_TRY(head_view(v, a->v, a->B, a->T, a->Hk, a->E));
+    CT_TRY(head_view(o, a->out, a->B, a->T, a->H, a->E));
+    int64_t ls[3] = {a->B, a->H, a->T};
+    CT_TRY(ct_tensor_wrap(lse, a->lse, CT_DTYPE_F32, 3, ls, NULL));
+    *so = ct_sdpa_options_default();
+    so->scale = a->scale;
+    if (!a->mask) {
+        so->is_causal = true;
+    } else {
+        int64_t ms[4] = {a->B, 1, a->T, a->T};
+        CT_TRY(ct_tensor_wrap(mask, (void *)a->mask, CT_DTYPE_BOOL, 4, ms, NULL));
+        so->attn_mask = mask;
+    }
+    return CT_OK;
+}
+
+static int cpu_sdpa_fwd(ct_backend *b, const ct_attn_args *a)
+{
+    ct_tensor q, k, v, o, lse, mask;
+    ct_sdpa_options so;
+    CT_TRY(attn_views(a, &q, &k, &v, &o, &lse, &mask, &so));
+    return ct_sdpa_forward(&q, &k, &v, &so, &o, &lse);
+}
+
+static int cpu_sdpa_bwd(ct_backend *b, const ct_attn_args *a, const ct_attn_grads *g)
+{
+    ct_tensor q, k, v, o, lse, mask, dout, dq, dk, dv;
+    ct_sdpa_options so;
+    CT_TRY(attn_views(a, &q, &k, &v, &o, &lse, &mask, &so));
+    CT_TRY(head_view(&dout, g->dout, a->B, a->T, a->H, a->E));
+    CT_TRY(head_view(&dq, g->dq, a->B, a->T, a->H, a->E));
+    CT_TRY(head_view(&dk, g->dk, a->B, a->T, a->Hk, a->E));
+    CT_TRY(head_view(&dv, g->dv, a->B, a->T, a->Hk, a->E));
+    return ct_sdpa_backward(&q, &k, &v, &o, &lse, &dout, &so, &dq, &dk, &dv);
+}
+
+static int cpu_adamw(ct_backend *b, float *param, const float *grad, float *m, float *v, int64_t n,
+                     int64_t step, float lr, float beta1, float beta2, float eps, float wd)
+{
+    ct_adamw_options o = {lr, beta1, beta2, eps, wd};
+    return ct_adamw_step(param, grad, m, v, n, step, &o);
+}
+
+static int cpu_sumsq(ct_backend *b, double *out, const float *g, int64_t n)
+{
+    return ct_grad_sumsq(g, n, out);
+}
+
+static const ct_backend_ops cpu_ops = {
+    .api_version = CT_BACKEND_API_VERSION,
+    .kind = "cpu",
+    .count = cpu_count,
+    .open = cpu_open,
+    .close = cpu_close,
+    .last_error = cpu_last_error,
+    .describe = cpu_describe,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .copy_h2d = cpu_copy,
+    .copy_d2h = cpu_copy,
+    .copy_d2d = cpu_copy,
+    .memset0 = cpu_memset0,
+    .sync = cpu_sync,
+    .gemm = cpu_gemm,
+    .add = cpu_add,
+    .scale = cpu_scale,
+    .to_bf16 = cpu_to_bf16,
+    .bias_add_rows = cpu_bias_add_rows,
+    .bias_grad_rows = cpu_bias_grad_rows,
+    .rmsnorm_fwd = cpu_rmsnorm_fwd,
+    .rmsnorm_bwd = cpu_rmsnorm_bwd,
+    .rope = cpu_rope,
+    .swiglu_fwd = cpu_swiglu_fwd,
+    .swiglu_bwd = cpu_swiglu_bwd,
+    .embed_fwd = cpu_embed_fwd,
+    .embed_bwd = cpu_embed_bwd,
+    .ce_fwd = cpu_ce_fwd,
+    .ce_bwd = cpu_ce_bwd,
+    .lce = cpu_lce,
+    .sdpa_fwd = cpu_sdpa_fwd,
+    .sdpa_bwd = cpu_sdpa_bwd,
+    .adamw = cpu_adamw,
+    .sumsq = cpu_sumsq,
+};
+
+const ct_backend_ops *ct_cpu_backend_ops(void)
+{
+    return &cpu_ops;
+}
