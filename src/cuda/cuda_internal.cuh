@@ -93,6 +93,14 @@ int ctcu_sdpa_bwd(ct_backend *b, const ct_attn_args *a, const ct_attn_grads *g);
 }
 #endif
 
+/* ---- added by the core files (cuda_backend.cu / cuda_gemm.cu) ----------------------------- */
+/* The GEMM state of a backend (cuBLASLt handle, workspace, plan cache), owned by cuda_gemm.cu
+ * and released by ctcu_gemm_close; NULL until the first GEMM. */
+struct ctcu_gemm_state;
+struct ctcu_gemm_state **ctcu_gemm_state_of(ct_backend *b);
+/* cudaSetDevice(the backend's device), checked: the table's slots call it before the slot. */
+int ctcu_use_device(ct_backend *b);
+
 /* Launch helpers. */
 static inline unsigned ctcu_blocks(int64_t n, int threads)
 {
