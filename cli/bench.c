@@ -23,6 +23,7 @@ static const struct {
     {"kernels", bench_kernels, "each kernel family per instruction set vs scalar and the copy / FMA bound"},
     {"scaling", bench_scaling, "hot paths of training at 1..N threads: speedup, efficiency, beside PyTorch 2.13"},
     {"generate", bench_generate, "decode with the KV cache vs recomputing the sequence, prompt/decode tok/s"},
+    {"cuda", bench_cuda, "GEMM and the fused loss vs unfused on a GPU, beside PyTorch on the same GPU (SKIPPED without one)"},
 };
 
 static void bench_usage(FILE *f)

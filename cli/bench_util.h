@@ -75,6 +75,7 @@ int bench_fsdp(bench_ctx *b, int argc, char **argv);
 int bench_hf(bench_ctx *b, int argc, char **argv);
 int bench_kernels(bench_ctx *b, int argc, char **argv);
 int bench_scaling(bench_ctx *b, int argc, char **argv);
+int bench_cuda(bench_ctx *b, int argc, char **argv);
 /* 1-core FMA-loop GFLOP/s of the best instruction set (0 without SIMD); bench_kernels.c. */
 double bench_fma_gflops_1core(int repeats);
 
