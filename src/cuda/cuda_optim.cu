@@ -70,7 +70,10 @@ extern "C" int ctcu_adamw(ct_backend *b, float *param, const float *grad, float 
     const double b1 = beta1, b2 = beta2;
     const double bc1 = 1.0 - pow(b1, (double)step), bc2 = 1.0 - pow(b2, (double)step);
     adamw_consts k;
-    k.decay = (float)(1.0 - (double)lr * weight_decay);
+    /* lr * weight_decay rounded on its own (volatile: no host compiler may fuse it into the
+     * subtraction; the CPU's ISO C build does not either). */
+    volatile double lr_wd = (double)lr * weight_decay;
+    k.decay = (float)(1.0 - lr_wd);
     k.b1 = beta1;
     k.one_b1 = (float)(1.0 - b1);
     k.b2 = beta2;
