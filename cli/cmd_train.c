@@ -664,15 +664,7 @@ done:
 
 static int dump_grads(run *r)
 {
-    ct_gpt_options mo = ct_gpt_options_default();
-    mo.batch = r->to.batch;
-    mo.seq = r->to.seq;
-    mo.fused_head = r->to.fused_head;
-    mo.dense_attention = r->to.dense_attention;
-    mo.eos_token = r->to.eos_token;
-    mo.z_loss = r->to.z_loss;
-    mo.label_smoothing = r->to.label_smoothing;
-    mo.dtype = r->to.dtype;
+    ct_gpt_options mo = ct_train_model_options(&r->to);
     ct_gpt *m;
     ct_status s = ct_gpt_create(&r->cfg, &mo, &m);
     if (s) return cli_fail("train: model", s);

@@ -50,6 +50,7 @@
 #include "ctorch/data.h"
 #include "ctorch/io.h"
 #include "ctorch/optim.h"
+#include "ctorch/device.h"
 #include "ctorch/tensor.h"
 
 #ifdef __cplusplus
@@ -155,10 +156,22 @@ typedef struct ct_gpt_options {
                          gradients and the f32 master weights stay f32). bf16 needs the
                          model's own parameters (not ct_hf_map_model); the KV cache's decode
                          computes in f32. docs/train.md, "bf16". */
+    struct ct_device *device; /**< where the parameters, gradients and activations live and the
+                                   ops run (ctorch/device.h); NULL (default): the CPU. On a GPU
+                                   (API 1): dense causal attention only (dense_attention true,
+                                   no window, no eos_token, no score/mask mods), f32 parameters
+                                   of the model's own (not mapped, not sharded); host access
+                                   through ct_gpt_read_params / ct_gpt_write_params. */
 } ct_gpt_options;
 
 /** The defaults listed above. */
 CT_API ct_gpt_options ct_gpt_options_default(void);
+
+struct ct_train_options;
+/** The model options a training run's options give (batch, seq, fused_head, dense_attention,
+ *  eos_token, z_loss, label_smoothing, dtype, device; the rest default): the one mapping the
+ *  trainers and the CLI use. */
+CT_API ct_gpt_options ct_train_model_options(const struct ct_train_options *o);
 
 /** A model instance: parameters, gradients, activations (opaque). */
 typedef struct ct_gpt ct_gpt;
@@ -172,6 +185,15 @@ typedef struct ct_gpt_memory {
 /** Create a model (weights zero: call ct_gpt_init or load them). opt NULL: the defaults.
  *  CT_EINVAL names a bad config or option; CT_ENOMEM. *out NULL on failure. */
 CT_API ct_status ct_gpt_create(const ct_gpt_config *cfg, const ct_gpt_options *opt, ct_gpt **out);
+
+/** The device the model lives on (never NULL: the CPU device by default). */
+CT_API struct ct_device *ct_gpt_device(const ct_gpt *m);
+
+/** Copy the n = ct_gpt_num_params f32 parameters (or, with grads, the gradients) from the
+ *  model's device into host memory dst / from host memory src. Works on every device (a
+ *  memcpy on the CPU). CT_EINVAL for a model without parameters of its own. */
+CT_API ct_status ct_gpt_read_params(const ct_gpt *m, bool grads, float *dst);
+CT_API ct_status ct_gpt_write_params(ct_gpt *m, const float *src);
 
 /** Free a model. NULL is a no-op. */
 CT_API void ct_gpt_free(ct_gpt *m);
@@ -382,6 +404,10 @@ typedef struct ct_train_options {
                                 of the model (f32 master weights, gradients and AdamW state
                                 either way; checkpoints stay f32; the "train" metadata keeps
                                 it as "dtype": "f32" | "bf16", absent meaning f32) */
+    struct ct_device *device; /**< ct_gpt_options.device of the model: NULL (default) the CPU;
+                                   a GPU keeps the weights, gradients and AdamW moments there
+                                   (not in checkpoints or the "train" metadata: a run resumes
+                                   on any device) */
 } ct_train_options;
 
 /** The defaults listed above. */

@@ -48,7 +48,7 @@ class _Options(ctypes.Structure):
                 ("fused_head", ctypes.c_bool), ("dense_attention", ctypes.c_bool),
                 ("eos_token", ctypes.c_int32), ("z_loss", ctypes.c_float),
                 ("label_smoothing", ctypes.c_float), ("lce_scratch_bytes", ctypes.c_size_t),
-                ("dtype", ctypes.c_int)]
+                ("dtype", ctypes.c_int), ("device", ctypes.c_void_p)]
 
 
 _Tensor = _io._Tensor  # the one mirror of ct_tensor (ctorch.io)

@@ -92,9 +92,33 @@ static int cpu_scale(ct_backend *b, float *x, float s, int64_t n)
     return ct_scale(x, x, s, n);
 }
 
+#define BF16_CHUNK 16384 /* values rounded per task: elementwise, so any split gives the same bits */
+
+typedef struct bf16_job {
+    uint16_t *dst;
+    const float *src;
+    int64_t n;
+} bf16_job;
+
+static void bf16_chunks(void *arg, int64_t c0, int64_t c1, int tid)
+{
+    const bf16_job *j = arg;
+    (void)tid;
+    for (int64_t c = c0; c < c1; c++) {
+        int64_t i = c * BF16_CHUNK, k = j->n - i < BF16_CHUNK ? j->n - i : BF16_CHUNK;
+        ct_convert_f32_to_bf16(j->dst + i, j->src + i, (size_t)k);
+    }
+}
+
+/* Rounded in fixed chunks across threads. */
 static int cpu_to_bf16(ct_backend *b, uint16_t *dst, const float *src, int64_t n)
 {
-    ct_convert_f32_to_bf16(dst, src, (size_t)n);
+    if (n <= BF16_CHUNK) {
+        ct_convert_f32_to_bf16(dst, src, (size_t)n);
+        return 0;
+    }
+    bf16_job j = {dst, src, n};
+    ct_parallel_for((n + BF16_CHUNK - 1) / BF16_CHUNK, bf16_chunks, &j);
     return 0;
 }
 

@@ -8,14 +8,8 @@
 static ct_status make_model(ct_fsdp_trainer *t)
 {
     int N = ct_comm_size(t->comm);
-    ct_gpt_options mo = ct_gpt_options_default();
-    mo.batch = (t->o.batch + N - 1) / N;
-    mo.seq = t->o.seq;
-    mo.fused_head = t->o.fused_head;
-    mo.dense_attention = t->o.dense_attention;
-    mo.eos_token = t->o.eos_token;
-    mo.z_loss = t->o.z_loss;
-    mo.label_smoothing = t->o.label_smoothing;
+    ct_gpt_options mo = ct_train_model_options(&t->o);
+    mo.batch = (t->o.batch + N - 1) / N; /* this rank's rows of the global batch */
     return ct_fsdp_create(t->comm, &t->cfg, &mo, &t->fo, &t->f);
 }
 

@@ -9,7 +9,7 @@
 
 ct_gpt_options ct_gpt_options_default(void)
 {
-    ct_gpt_options o = {8, 0, true, false, -1, 0.0f, 0.0f, 0, CT_DTYPE_F32};
+    ct_gpt_options o = {8, 0, true, false, -1, 0.0f, 0.0f, 0, CT_DTYPE_F32, NULL};
     return o;
 }
 
@@ -24,7 +24,8 @@ static size_t sat(size_t a, size_t b)
 
 /* One allocation for n arrays: slot i gets bytes[i] bytes at a 64-byte aligned offset (base
  * NULL: only the total is computed and checked). */
-static ct_status carve(void **base, size_t *total, void ***slots, const size_t *bytes, int n)
+static ct_status carve(ct_device *dev, void **base, size_t *total, void ***slots,
+                       const size_t *bytes, int n)
 {
     size_t off = 0;
     for (int i = 0; i < n; i++) {
@@ -34,7 +35,7 @@ static ct_status carve(void **base, size_t *total, void ***slots, const size_t *
     }
     *total = off;
     if (!base) return CT_OK;
-    CT_TRY(ct_alloc(base, off ? off : 64));
+    CT_TRY(ct_dev_alloc(dev, off ? off : 64, "ct_gpt activations", base));
     off = 0;
     for (int i = 0; i < n; i++) {
         off = (off + 63) & ~(size_t)63;
@@ -42,6 +43,12 @@ static ct_status carve(void **base, size_t *total, void ***slots, const size_t *
         off += bytes[i];
     }
     return CT_OK;
+}
+
+/* Dense attention reads a [B, T, T] mask only with a window or documents (else: causal). */
+static bool gpt_dense_mask(const ct_gpt *m)
+{
+    return m->opt.dense_attention && (m->cfg.window != 0 || m->opt.eos_token >= 0);
 }
 
 /* The activation table: [B T] rows of each quantity the backward needs, per layer, carved
@@ -70,7 +77,8 @@ static ct_status acts_layout(ct_gpt *m, bool alloc)
         (void **)&a->lnf,     (void **)&a->rstdf, (void **)&a->dres,  (void **)&a->dtmp,
         (void **)&a->dln,     (void **)&a->dq,    (void **)&a->dk,    (void **)&a->dv,
         (void **)&a->datt,    (void **)&a->dgu,   (void **)&a->dh,    (void **)&a->logits,
-        (void **)&a->dlogits, (void **)&a->dmask,   (void **)&a->xb,    (void **)&a->dyb};
+        (void **)&a->dlogits, (void **)&a->dmask,   (void **)&a->xb,    (void **)&a->dyb,
+        (void **)&a->scal};
     size_t bytes[] = {Nf,
                       Nf,
                       Nf,
@@ -100,10 +108,11 @@ static ct_status acts_layout(ct_gpt *m, bool alloc)
                       sat(Nf, F),
                       m->opt.fused_head ? 0 : sat(Nf, V),
                       m->opt.fused_head ? 0 : sat(Nf, V),
-                      m->opt.dense_attention ? sat(B, sat(T, T)) : 0,
+                      gpt_dense_mask(m) ? sat(B, sat(T, T)) : 0,
                       bf ? sat(Nh, xw) : 0,
-                      bf ? sat(Nh, dw) : 0};
-    return carve(alloc ? &m->acts : NULL, &m->acts_bytes, slots, bytes,
+                      bf ? sat(Nh, dw) : 0,
+                      4 * sizeof(float)};
+    return carve(m->dev, alloc ? &m->acts : NULL, &m->acts_bytes, slots, bytes,
                  (int)(sizeof bytes / sizeof bytes[0]));
 }
 
@@ -276,10 +285,25 @@ ct_status gpt_create(const ct_gpt_config *cfg, const ct_gpt_options *opt, bool o
     if (o.dtype == CT_DTYPE_BF16 && !own_params)
         return ct_error(CT_EUNSUPPORTED, "ct_gpt_create: dtype bf16 needs the model's own f32 "
                                          "parameters (not a mapped or sharded model)");
+    ct_device *dev = o.device ? o.device : ct_device_cpu();
+    if (ct_device_get_kind(dev) != CT_DEVICE_CPU) {
+        const char *dn = ct_device_name(dev);
+        if (!own_params)
+            return ct_error(CT_EUNSUPPORTED, "ct_gpt_create: a sharded model runs on the CPU only "
+                                             "(%s asked)", dn);
+        if (!o.dense_attention || cfg->window || o.eos_token >= 0 || cfg->score_mod[0] ||
+            cfg->mask_mod[0])
+            return ct_error(CT_EUNSUPPORTED,
+                            "ct_gpt_create: on %s the model runs dense causal attention only "
+                            "(dense_attention true; no window, eos_token, score_mod or mask_mod: "
+                            "FlexAttention on GPUs is not built yet)",
+                            dn);
+    }
     ct_gpt *m;
     CT_TRY(ct_calloc((void **)&m, sizeof *m));
     m->cfg = *cfg;
     m->opt = o;
+    m->dev = dev;
     int64_t L = cfg->n_layer;
     ct_status s;
     if ((s = ct_calloc((void **)&m->tensors, table_cap(cfg) * sizeof(gpt_tensor))) ||
@@ -296,13 +320,28 @@ ct_status gpt_create(const ct_gpt_config *cfg, const ct_gpt_options *opt, bool o
         ct_gpt_free(m);
         return ct_error(CT_EOVERFLOW, "ct_gpt_create: parameter count overflows");
     }
-    if (own_params && ((s = ct_calloc((void **)&m->params, pbytes)) ||
-                       (s = ct_calloc((void **)&m->grads, pbytes)))) {
+    m->pbytes = pbytes;
+    size_t fbytes = (size_t)ct_gpt_head_dim(cfg) / 2 * sizeof(float);
+    if (own_params && ((s = ct_dev_alloc(dev, pbytes, "ct_gpt parameters", (void **)&m->params)) ||
+                       (s = ct_dev_zero(dev, m->params, pbytes)) ||
+                       (s = ct_dev_alloc(dev, pbytes, "ct_gpt gradients", (void **)&m->grads)) ||
+                       (s = ct_dev_zero(dev, m->grads, pbytes)))) {
         ct_gpt_free(m);
         return s;
     }
     if (own_params && o.dtype == CT_DTYPE_BF16 &&
-        (s = ct_alloc((void **)&m->wbf, (size_t)m->ndecay * sizeof(uint16_t)))) {
+        (s = ct_dev_alloc(dev, (size_t)m->ndecay * sizeof(uint16_t), "ct_gpt bf16 weights",
+                          (void **)&m->wbf))) {
+        ct_gpt_free(m);
+        return s;
+    }
+    if (gpt_host(m)) {
+        m->inv_freq_dev = m->inv_freq;
+    } else if ((s = ct_dev_alloc(dev, fbytes ? fbytes : 4, "ct_gpt RoPE frequencies",
+                                 (void **)&m->inv_freq_dev)) ||
+               (s = ct_dev_h2d(dev, m->inv_freq_dev, m->inv_freq, fbytes)) ||
+               (s = ct_calloc((void **)&m->stage, 2 * (size_t)o.batch * (size_t)o.seq *
+                                                      sizeof(int32_t)))) {
         ct_gpt_free(m);
         return s;
     }
@@ -356,10 +395,13 @@ void ct_gpt_free(ct_gpt *m)
     ct_mask_mod_free(&m->user_mask);
     ct_mask_mod_free(&m->causal_mask);
     ct_score_mod_free(&m->user_score);
-    ct_free(m->acts);
-    ct_free(m->params);
-    ct_free(m->grads);
-    ct_free(m->wbf);
+    ct_dev_free(m->dev, m->acts, m->acts_bytes ? m->acts_bytes : 64);
+    ct_dev_free(m->dev, m->params, m->pbytes);
+    ct_dev_free(m->dev, m->grads, m->pbytes);
+    ct_dev_free(m->dev, m->wbf, (size_t)m->ndecay * sizeof(uint16_t));
+    if (m->inv_freq_dev != m->inv_freq)
+        ct_dev_free(m->dev, m->inv_freq_dev, (size_t)ct_gpt_head_dim(&m->cfg) / 2 * sizeof(float));
+    ct_free(m->stage);
     ct_free(m->own);
     ct_free(m->w.layer);
     ct_free(m->g.layer);
@@ -425,6 +467,10 @@ ct_status ct_gpt_tensor(ct_gpt *m, int i, const char **name, ct_tensor *param, c
                         "them there)");
     if ((param || grad) && !m->params)
         return ct_error(CT_EINVAL, "ct_gpt_tensor: this model holds no parameters (sharded)");
+    if ((param || grad) && !gpt_host(m))
+        return ct_error(CT_EINVAL, "ct_gpt_tensor: the model lives on %s (read its parameters with "
+                                   "ct_gpt_read_params)",
+                        ct_device_name(m->dev));
     if (param)
         CT_TRY(ct_tensor_wrap(param, m->params + t->offset, CT_DTYPE_F32, t->ndim, t->shape, NULL));
     if (grad)
@@ -434,7 +480,32 @@ ct_status ct_gpt_tensor(ct_gpt *m, int i, const char **name, ct_tensor *param, c
 
 void ct_gpt_zero_grad(ct_gpt *m)
 {
-    if (m->grads) ct_zero_floats(m->grads, m->nparams); /* parallel: the step's first pass */
+    if (!m->grads) return;
+    if (gpt_host(m))
+        ct_zero_floats(m->grads, m->nparams); /* parallel: the step's first pass */
+    else
+        (void)ct_dev_zero(m->dev, m->grads, m->pbytes); /* queued; a failure shows at the next op */
+}
+
+ct_device *ct_gpt_device(const ct_gpt *m)
+{
+    return m ? m->dev : NULL;
+}
+
+ct_status ct_gpt_read_params(const ct_gpt *m, bool grads, float *dst)
+{
+    if (!m || !dst) return ct_error(CT_EINVAL, "ct_gpt_read_params: m and dst must not be NULL");
+    if (!m->params || m->mapped)
+        return ct_error(CT_EINVAL, "ct_gpt_read_params: the model holds no parameters of its own");
+    return ct_dev_d2h(m->dev, dst, grads ? m->grads : m->params, m->pbytes);
+}
+
+ct_status ct_gpt_write_params(ct_gpt *m, const float *src)
+{
+    if (!m || !src) return ct_error(CT_EINVAL, "ct_gpt_write_params: m and src must not be NULL");
+    if (!m->params || m->mapped)
+        return ct_error(CT_EINVAL, "ct_gpt_write_params: the model holds no parameters of its own");
+    return ct_dev_h2d(m->dev, m->params, src, m->pbytes);
 }
 
 /* Tensor i's initial values from r (advanced over the whole tensor, in order); rows
@@ -466,12 +537,19 @@ ct_status ct_gpt_init(ct_gpt *m, uint64_t seed)
     if (m->mapped) return ct_error(CT_EINVAL, "ct_gpt_init: the model's weights are mapped");
     ct_rng r;
     ct_rng_seed(&r, seed);
+    float *host = m->params;
+    if (!gpt_host(m)) CT_TRY(ct_alloc((void **)&host, m->pbytes ? m->pbytes : 4));
     for (int i = 0; i < m->ntensors; i++) {
         const gpt_tensor *t = &m->tensors[i];
-        gpt_init_tensor(m, i, &r, 0, t->shape[0], m->params + t->offset);
+        gpt_init_tensor(m, i, &r, 0, t->shape[0], host + t->offset);
+    }
+    ct_status s = CT_OK;
+    if (host != m->params) {
+        s = ct_dev_h2d(m->dev, m->params, host, m->pbytes);
+        ct_free(host);
     }
     ct_gpt_zero_grad(m);
-    return CT_OK;
+    return s;
 }
 
 ct_status ct_gpt_load_params(ct_gpt *m, const ct_tensor_file *f)
@@ -479,6 +557,20 @@ ct_status ct_gpt_load_params(ct_gpt *m, const ct_tensor_file *f)
     if (!m || !f || !m->params)
         return ct_error(CT_EINVAL, "ct_gpt_load_params: arguments must not be NULL");
     if (m->mapped) return ct_error(CT_EINVAL, "ct_gpt_load_params: the model's weights are mapped");
+    if (!gpt_host(m)) { /* read on the host, then one copy to the device */
+        float *host;
+        CT_TRY(ct_alloc((void **)&host, m->pbytes ? m->pbytes : 4));
+        float *dev = m->params;
+        m->params = host; /* the loop below writes through m->params */
+        ct_device *d = m->dev;
+        m->dev = ct_device_cpu();
+        ct_status s = ct_gpt_load_params(m, f);
+        m->dev = d;
+        m->params = dev;
+        if (s == CT_OK) s = ct_dev_h2d(d, dev, host, m->pbytes);
+        ct_free(host);
+        return s;
+    }
     for (int i = 0; i < m->ntensors; i++) {
         const gpt_tensor *t = &m->tensors[i];
         size_t idx;
@@ -536,6 +628,7 @@ static ct_status prepare_mask(ct_gpt *m, int64_t B, int64_t T)
     int64_t W = m->cfg.window;
     if (docs) doc_ids(m, B, T);
     if (m->opt.dense_attention) {
+        if (!gpt_dense_mask(m)) return CT_OK; /* causal: no mask to build */
         for (int64_t b = 0; b < B; b++)
             for (int64_t i = 0; i < T; i++) {
                 uint8_t *row = m->a.dmask + (b * T + i) * T;
@@ -560,9 +653,27 @@ static ct_status prepare_mask(ct_gpt *m, int64_t B, int64_t T)
     return CT_OK;
 }
 
-static ct_status attention_forward(ct_gpt *m, int l, int64_t B, int64_t T)
+/* The dense attention of layer l through the device's sdpa slots (causal, or the [B, T, T]
+ * mask of a window or documents). */
+static ct_attn_args dense_args(ct_gpt *m, int l, int64_t B, int64_t T)
 {
     const ct_gpt_config *c = &m->cfg;
+    int64_t E = gpt_E(m), H = c->n_head, K = c->n_kv_head, N = B * T;
+    size_t lo = (size_t)l * (size_t)N;
+    ct_attn_args a = {B, T, H, K, E, 1.0f / sqrtf((float)E), m->a.q + lo * H * E,
+                      m->a.k + lo * K * E, m->a.v + lo * K * E, m->a.att + lo * H * E,
+                      m->a.lse + lo * H, gpt_dense_mask(m) ? m->a.dmask : NULL, CT_DTYPE_F32};
+    return a;
+}
+
+static ct_status attention_forward(ct_gpt *m, int l, int64_t B, int64_t T)
+{
+    if (m->opt.dense_attention) {
+        ct_attn_args a = dense_args(m, l, B, T);
+        GPT_DEV(m, sdpa_fwd, &a);
+        return CT_OK;
+    }
+    const ct_gpt_config *c = &m->cfg; /* flex: the CPU (ct_gpt_create refuses it elsewhere) */
     int64_t E = gpt_E(m), H = c->n_head, K = c->n_kv_head, N = B * T;
     size_t lo = (size_t)l * (size_t)N;
     ct_tensor q, k, v, o, lse;
@@ -572,18 +683,6 @@ static ct_status attention_forward(ct_gpt *m, int l, int64_t B, int64_t T)
     CT_TRY(head_view(&o, m->a.att + lo * H * E, B, T, H, E));
     int64_t ls[3] = {B, H, T};
     CT_TRY(ct_tensor_wrap(&lse, m->a.lse + lo * H, CT_DTYPE_F32, 3, ls, NULL));
-    if (m->opt.dense_attention) {
-        ct_sdpa_options so = ct_sdpa_options_default();
-        ct_tensor mask;
-        if (c->window == 0 && m->opt.eos_token < 0) {
-            so.is_causal = true;
-        } else {
-            int64_t ms[4] = {B, 1, T, T};
-            CT_TRY(ct_tensor_wrap(&mask, m->a.dmask, CT_DTYPE_BOOL, 4, ms, NULL));
-            so.attn_mask = &mask;
-        }
-        return ct_sdpa_forward(&q, &k, &v, &so, &o, &lse);
-    }
     ct_flex_options fo = ct_flex_options_default();
     fo.score_mod = m->user_score.fwd ? &m->user_score : NULL;
     return ct_flex_attention_forward(&q, &k, &v, m->bm, &fo, &o, &lse);
@@ -591,6 +690,12 @@ static ct_status attention_forward(ct_gpt *m, int l, int64_t B, int64_t T)
 
 static ct_status attention_backward(ct_gpt *m, int l, int64_t B, int64_t T)
 {
+    if (m->opt.dense_attention) {
+        ct_attn_args a = dense_args(m, l, B, T);
+        ct_attn_grads g = {m->a.datt, m->a.dq, m->a.dk, m->a.dv};
+        GPT_DEV(m, sdpa_bwd, &a, &g);
+        return CT_OK;
+    }
     const ct_gpt_config *c = &m->cfg;
     int64_t E = gpt_E(m), H = c->n_head, K = c->n_kv_head, N = B * T;
     size_t lo = (size_t)l * (size_t)N;
@@ -605,18 +710,6 @@ static ct_status attention_backward(ct_gpt *m, int l, int64_t B, int64_t T)
     CT_TRY(head_view(&dv, m->a.dv, B, T, K, E));
     int64_t ls[3] = {B, H, T};
     CT_TRY(ct_tensor_wrap(&lse, m->a.lse + lo * H, CT_DTYPE_F32, 3, ls, NULL));
-    if (m->opt.dense_attention) {
-        ct_sdpa_options so = ct_sdpa_options_default();
-        ct_tensor mask;
-        if (c->window == 0 && m->opt.eos_token < 0) {
-            so.is_causal = true;
-        } else {
-            int64_t ms[4] = {B, 1, T, T};
-            CT_TRY(ct_tensor_wrap(&mask, m->a.dmask, CT_DTYPE_BOOL, 4, ms, NULL));
-            so.attn_mask = &mask;
-        }
-        return ct_sdpa_backward(&q, &k, &v, &o, &lse, &dout, &so, &dq, &dk, &dv);
-    }
     ct_flex_options fo = ct_flex_options_default();
     fo.score_mod = m->user_score.fwd ? &m->user_score : NULL;
     return ct_flex_attention_backward(&q, &k, &v, &o, &lse, &dout, m->bm, &fo, &dq, &dk, &dv);
@@ -624,30 +717,13 @@ static ct_status attention_backward(ct_gpt *m, int l, int64_t B, int64_t T)
 
 /* ---- forward ------------------------------------------------------------------------------- */
 
-/* RoPE of x [B, T, heads, E] in place at positions 0 .. T-1 (inverse rotation: backward). The
- * default frequencies go through ct_rope_forward itself (the bits of older models). */
+/* RoPE of x [B, T, heads, E] in place at positions 0 .. T-1 (inverse rotation: backward), with
+ * the model's frequencies (for unscaled RoPE the values ct_rope_forward computes itself). */
 static ct_status gpt_rope(const ct_gpt *m, float *x, int64_t B, int64_t T, int64_t heads,
                           bool backward)
 {
-    const ct_gpt_config *c = &m->cfg;
-    int64_t E = gpt_E(m);
-    if (c->rope_scaling == CT_ROPE_SCALING_NONE)
-        return backward ? ct_rope_backward(x, x, NULL, B, T, heads, E, c->rope_base)
-                        : ct_rope_forward(x, x, NULL, B, T, heads, E, c->rope_base);
-    return backward ? ct_rope_backward_freqs(x, x, NULL, B, T, heads, E, m->inv_freq)
-                    : ct_rope_forward_freqs(x, x, NULL, B, T, heads, E, m->inv_freq);
-}
-
-/* x[n, :] += b for each of N rows of C. */
-static void add_rows(float *x, const float *b, int64_t N, int64_t C)
-{
-    ct_bias_add_rows(x, b, N, C); /* parallel over rows */
-}
-
-/* db[j] += sum over the N rows of d[n, j], rows in order (deterministic). */
-static void sum_rows(float *db, const float *d, int64_t N, int64_t C)
-{
-    ct_bias_grad_rows(db, d, N, C); /* threads own columns: the serial loop's bits */
+    GPT_DEV(m, rope, x, B, T, heads, gpt_E(m), m->inv_freq_dev, backward);
+    return CT_OK;
 }
 
 ct_status gpt_load_batch(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T, const char *fn)
@@ -669,13 +745,16 @@ ct_status gpt_load_batch(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T,
                                 fn, (long long)b, (long long)t, x, (long long)V);
         }
     CT_TRY(gpt_acts_ready(m));
+    int32_t *inp = gpt_host(m) ? m->a.inp : m->stage, *tgt = gpt_host(m) ? m->a.tgt : m->stage + B * T;
     for (int64_t b = 0; b < B; b++)
         for (int64_t t = 0; t <= T; t++) {
             int32_t x = tokens[b * (T + 1) + t];
-            if (t < T) m->a.inp[b * T + t] = x;
-            if (t > 0) m->a.tgt[b * T + t - 1] = x;
+            if (t < T) inp[b * T + t] = x;
+            if (t > 0) tgt[b * T + t - 1] = x;
         }
-    return CT_OK;
+    if (gpt_host(m)) return CT_OK;
+    CT_TRY(ct_dev_h2d(m->dev, m->a.inp, inp, (size_t)(B * T) * sizeof(int32_t)));
+    return ct_dev_h2d(m->dev, m->a.tgt, tgt, (size_t)(B * T) * sizeof(int32_t));
 }
 
 /* Embedding (and the mask of the batch): inputs already in a.inp. */
@@ -683,7 +762,10 @@ ct_status gpt_embed_forward(ct_gpt *m, int64_t B, int64_t T)
 {
     const ct_gpt_config *c = &m->cfg;
     CT_TRY(prepare_mask(m, B, T));
-    return gpt_embed(m->a.resid, m->a.inp, m->w.emb, m->w.hemb, B * T, c->vocab_size, c->d_model);
+    if (gpt_host(m)) /* mapped bf16 / f16 tables: the CPU's own lookup */
+        return gpt_embed(m->a.resid, m->a.inp, m->w.emb, m->w.hemb, B * T, c->vocab_size, c->d_model);
+    GPT_DEV(m, embed_fwd, m->a.resid, m->a.inp, m->w.emb, B * T, c->vocab_size, c->d_model);
+    return CT_OK;
 }
 
 /* Layer l: resid[l] -> resid[l + 1], keeping what its backward needs. Each matrix product
@@ -701,30 +783,30 @@ ct_status gpt_block_forward(ct_gpt *m, int64_t l, int64_t B, int64_t T)
     float *v = a->v + lo * KE, *att = a->att + lo * HE, *gu = a->gu + lo * 2 * F, *h = a->hb + lo * F;
     gpt_input in;
     /* attention block: x2 = x + attention(rope(q), rope(k), v) wo^T */
-    CT_TRY(ct_rmsnorm_forward(ln1, a->rstd1 + lo, x, w->norm1, N, C, c->norm_eps));
-    in = gpt_layer_input(m, ln1, N * C);
+    GPT_DEV(m, rmsnorm_fwd, ln1, a->rstd1 + lo, x, w->norm1, N, C, c->norm_eps);
+    CT_TRY(gpt_layer_input(m, ln1, N * C, &in));
     CT_TRY(gpt_layer_linear(m, q, HE, in, w->wq, w->hq, w->bq, N, C, HE, false));
     CT_TRY(gpt_layer_linear(m, k, KE, in, w->wk, w->hk, w->bk, N, C, KE, false));
     CT_TRY(gpt_layer_linear(m, v, KE, in, w->wv, w->hv, w->bv, N, C, KE, false));
     CT_TRY(gpt_rope(m, q, B, T, H, false));
     CT_TRY(gpt_rope(m, k, B, T, K, false));
     CT_TRY(attention_forward(m, (int)l, B, T));
-    memcpy(x2, x, (size_t)(N * C) * sizeof(float));
-    in = gpt_layer_input(m, att, N * HE);
+    CT_TRY(ct_dev_d2d(m->dev, x2, x, (size_t)(N * C) * sizeof(float)));
+    CT_TRY(gpt_layer_input(m, att, N * HE, &in));
     CT_TRY(gpt_layer_linear(m, x2, C, in, w->wo, w->ho, NULL, N, HE, C, true));
-    if (w->bo) add_rows(x2, w->bo, N, C);
+    if (w->bo) GPT_DEV(m, bias_add_rows, x2, w->bo, N, C);
     /* MLP block: out = x2 + swiglu(rmsnorm(x2) w_gate_up^T) w_down^T */
-    CT_TRY(ct_rmsnorm_forward(ln2, a->rstd2 + lo, x2, w->norm2, N, C, c->norm_eps));
-    in = gpt_layer_input(m, ln2, N * C);
+    GPT_DEV(m, rmsnorm_fwd, ln2, a->rstd2 + lo, x2, w->norm2, N, C, c->norm_eps);
+    CT_TRY(gpt_layer_input(m, ln2, N * C, &in));
     if (!w->hgu.p && !w->hup.p && w->wup == w->wgu + F * C) { /* one product on [2F, C] */
         CT_TRY(gpt_layer_linear(m, gu, 2 * F, in, w->wgu, w->hgu, NULL, N, C, 2 * F, false));
     } else { /* gate and up held apart (weights mapped from a file: f32 only) */
         CT_TRY(gpt_layer_linear(m, gu, 2 * F, in, w->wgu, w->hgu, NULL, N, C, F, false));
         CT_TRY(gpt_layer_linear(m, gu + F, 2 * F, in, w->wup, w->hup, NULL, N, C, F, false));
     }
-    CT_TRY(ct_swiglu_forward(h, gu, N, F));
-    memcpy(out, x2, (size_t)(N * C) * sizeof(float));
-    in = gpt_layer_input(m, h, N * F);
+    GPT_DEV(m, swiglu_fwd, h, gu, N, F);
+    CT_TRY(ct_dev_d2d(m->dev, out, x2, (size_t)(N * C) * sizeof(float)));
+    CT_TRY(gpt_layer_input(m, h, N * F, &in));
     return gpt_layer_linear(m, out, C, in, w->wdown, w->hdown, NULL, N, F, C, true);
 }
 
@@ -733,8 +815,9 @@ ct_status gpt_final_norm_forward(ct_gpt *m, int64_t B, int64_t T)
 {
     const ct_gpt_config *c = &m->cfg;
     int64_t N = B * T, C = c->d_model;
-    return ct_rmsnorm_forward(m->a.lnf, m->a.rstdf, m->a.resid + (size_t)c->n_layer * N * C,
-                              m->w.norm, N, C, c->norm_eps);
+    GPT_DEV(m, rmsnorm_fwd, m->a.lnf, m->a.rstdf, m->a.resid + (size_t)c->n_layer * N * C,
+            m->w.norm, N, C, c->norm_eps);
+    return CT_OK;
 }
 
 /* Embedding and every layer, then the final norm into lnf: inputs already in a.inp. */
@@ -788,14 +871,42 @@ ct_status gpt_head_loss(ct_gpt *m, int64_t B, int64_t T, float *loss)
                                          "in bf16 / f16 is not computed (ct_gpt_logits gives its "
                                          "logits; ct_hf_load_params loads f32 weights)");
     ct_ce_options o = loss_options(m, false);
-    ct_ce_outputs out = {loss, NULL, NULL};
-    gpt_input x = gpt_layer_input(m, m->a.lnf, N * C);
+    ct_ce_outputs out = {gpt_host(m) ? loss : m->a.scal, NULL, NULL};
+    gpt_input x;
+    CT_TRY(gpt_layer_input(m, m->a.lnf, N * C, &x));
     if (!m->opt.fused_head) {
         CT_TRY(gpt_layer_linear(m, m->a.logits, V, x, m->w.out, m->w.hout, NULL, N, C, V, false));
-        return ct_cross_entropy_forward(&out, m->a.logits, m->a.tgt, CT_DTYPE_I32, N, V, &o);
+        GPT_DEV(m, ce_fwd, &out, m->a.logits, m->a.tgt, N, V, &o);
+    } else {
+        ct_lce_inputs in = head_inputs(m, x, N);
+        GPT_DEV(m, lce, &out, NULL, 1.0f, &in, &o);
     }
-    ct_lce_inputs in = head_inputs(m, x, N);
-    return ct_linear_cross_entropy_forward(&out, &in, &o);
+    return gpt_host(m) ? CT_OK : ct_dev_d2h(m->dev, loss, m->a.scal, sizeof(float));
+}
+
+/* The forward of B sequences of T tokens already checked, then the logits of `rows` rows of
+ * lnf from row r0 on into host memory `logits` (a GPU model: through a device buffer). */
+static ct_status logits_of(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T, int64_t r0,
+                           int64_t rows, float *logits)
+{
+    int64_t V = m->cfg.vocab_size, C = m->cfg.d_model;
+    CT_TRY(gpt_acts_ready(m));
+    if (gpt_host(m))
+        memcpy(m->a.inp, tokens, (size_t)(B * T) * sizeof(int32_t));
+    else
+        CT_TRY(ct_dev_h2d(m->dev, m->a.inp, tokens, (size_t)(B * T) * sizeof(int32_t)));
+    CT_TRY(forward_body(m, B, T));
+    gpt_input x;
+    CT_TRY(gpt_layer_input(m, m->a.lnf + r0 * C, rows * C, &x));
+    if (gpt_host(m))
+        return gpt_layer_linear(m, logits, V, x, m->w.out, m->w.hout, NULL, rows, C, V, false);
+    size_t bytes = (size_t)(rows * V) * sizeof(float);
+    float *d;
+    CT_TRY(ct_dev_alloc(m->dev, bytes, "ct_gpt logits", (void **)&d));
+    ct_status s = gpt_layer_linear(m, d, V, x, m->w.out, m->w.hout, NULL, rows, C, V, false);
+    if (s == CT_OK) s = ct_dev_d2h(m->dev, logits, d, bytes);
+    ct_dev_free(m->dev, d, bytes);
+    return s;
 }
 
 ct_status ct_gpt_next_logits(ct_gpt *m, const int32_t *tokens, int64_t T, float *logits)
@@ -810,12 +921,8 @@ ct_status ct_gpt_next_logits(ct_gpt *m, const int32_t *tokens, int64_t T, float 
         if (tokens[t] < 0 || tokens[t] >= V)
             return ct_error(CT_EINVAL, "%s: tokens[%lld] = %d is outside the vocabulary [0, %lld)",
                             fn, (long long)t, tokens[t], (long long)V);
-    CT_TRY(gpt_acts_ready(m));
-    for (int64_t t = 0; t < T; t++)
-        m->a.inp[t] = tokens[t];
-    CT_TRY(forward_body(m, 1, T));
-    gpt_input x = gpt_layer_input(m, m->a.lnf + (T - 1) * C, C);
-    return gpt_layer_linear(m, logits, V, x, m->w.out, m->w.hout, NULL, 1, C, V, false);
+    (void)C;
+    return logits_of(m, tokens, 1, T, T - 1, 1, logits);
 }
 
 ct_status ct_gpt_logits(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T, float *logits)
@@ -834,12 +941,8 @@ ct_status ct_gpt_logits(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t T, 
             return ct_error(CT_EINVAL,
                             "%s: tokens[%lld][%lld] = %d is outside the vocabulary [0, %lld)", fn,
                             (long long)(i / T), (long long)(i % T), tokens[i], (long long)V);
-    CT_TRY(gpt_acts_ready(m));
-    for (int64_t i = 0; i < B * T; i++)
-        m->a.inp[i] = tokens[i];
-    CT_TRY(forward_body(m, B, T));
-    gpt_input x = gpt_layer_input(m, m->a.lnf, B * T * C);
-    return gpt_layer_linear(m, logits, V, x, m->w.out, m->w.hout, NULL, B * T, C, V, false);
+    (void)C;
+    return logits_of(m, tokens, B, T, 0, B * T, logits);
 }
 
 /* ---- backward ------------------------------------------------------------------------------ */
@@ -867,34 +970,37 @@ ct_status gpt_head_backward(ct_gpt *m, int64_t B, int64_t T, float grad_scale, f
     gpt_acts *a = &m->a;
     float lossv = 0;
     ct_ce_options o = loss_options(m, true);
-    ct_ce_outputs out = {&lossv, NULL, NULL};
+    ct_ce_outputs out = {gpt_host(m) ? &lossv : a->scal, NULL, NULL};
     /* head: dln = d loss / d lnf; the head weight's gradient is accumulated (tied: into the
      * embedding's gradient, which the embedding backward adds to below) */
-    gpt_input x = gpt_layer_input(m, a->lnf, N * C);
+    gpt_input x;
+    CT_TRY(gpt_layer_input(m, a->lnf, N * C, &x));
     if (m->opt.fused_head) {
-        memset(a->dln, 0, (size_t)(N * C) * sizeof(float));
+        CT_TRY(ct_dev_zero(m->dev, a->dln, (size_t)(N * C) * sizeof(float)));
         ct_lce_inputs in = head_inputs(m, x, N);
         ct_lce_grads g = {a->dln, m->g.out, NULL, true};
-        CT_TRY(ct_linear_cross_entropy_forward_backward(&out, &g, &grad_scale, &in, &o));
+        GPT_DEV(m, lce, &out, &g, grad_scale, &in, &o);
     } else {
         CT_TRY(gpt_layer_linear(m, a->logits, V, x, m->w.out, m->w.hout, NULL, N, C, V, false));
-        CT_TRY(ct_cross_entropy_forward(&out, a->logits, a->tgt, CT_DTYPE_I32, N, V, &o));
-        CT_TRY(ct_cross_entropy_backward(a->dlogits, &grad_scale, a->logits, a->tgt, CT_DTYPE_I32,
-                                         N, V, &o));
+        GPT_DEV(m, ce_fwd, &out, a->logits, a->tgt, N, V, &o);
+        GPT_DEV(m, ce_bwd, a->dlogits, grad_scale, a->logits, a->tgt, N, V, &o);
         if (x.b) { /* dlogits rounded into the logits' buffer (dead now; a.dyb holds < V) */
             uint16_t *dlb = (uint16_t *)a->logits;
-            gpt_to_bf16(dlb, a->dlogits, N * V);
-            CT_TRY(ct_gemm_bf16(false, false, N, C, V, 1.0f, dlb, V, gpt_wb(m, m->w.out), C, 0.0f,
-                                a->dln, C));
-            CT_TRY(ct_gemm_bf16(true, false, V, C, N, 1.0f, dlb, V, x.b, C, 1.0f, m->g.out, C));
+            CT_TRY(gpt_to_bf16(m, dlb, a->dlogits, N * V));
+            GPT_DEV(m, gemm, false, false, N, C, V, 1.0f, dlb, V, gpt_wb(m, m->w.out), C, 0.0f,
+                    a->dln, C, CT_DTYPE_BF16);
+            GPT_DEV(m, gemm, true, false, V, C, N, 1.0f, dlb, V, x.b, C, 1.0f, m->g.out, C,
+                    CT_DTYPE_BF16);
         } else {
             CT_TRY(gpt_layer_linear_backward(m, a->dln, false, m->g.out, a->dlogits, V, x,
                                              m->w.out, N, C, V));
         }
     }
+    GPT_DEV(m, rmsnorm_bwd, a->dres, m->g.norm, a->dln, a->resid + (size_t)c->n_layer * N * C,
+            m->w.norm, a->rstdf, N, C);
+    if (!gpt_host(m) && loss) return ct_dev_d2h(m->dev, loss, a->scal, sizeof(float));
     if (loss) *loss = lossv;
-    return ct_rmsnorm_backward(a->dres, m->g.norm, a->dln, a->resid + (size_t)c->n_layer * N * C,
-                               m->w.norm, a->rstdf, N, C);
+    return CT_OK;
 }
 
 /* Layer l backward: dres = d loss / d resid[l + 1] in, d loss / d resid[l] out; the layer's
@@ -914,10 +1020,10 @@ ct_status gpt_block_backward(ct_gpt *m, int64_t l, int64_t B, int64_t T)
     float *att = a->att + lo * HE, *gu = a->gu + lo * 2 * F, *h = a->hb + lo * F;
     gpt_input in;
     /* MLP block: dres is d out; d x2 = dres + rmsnorm'(w_gate_up^T swiglu'(dres w_down)) */
-    in = gpt_layer_input(m, h, N * F);
+    CT_TRY(gpt_layer_input(m, h, N * F, &in));
     CT_TRY(gpt_layer_linear_backward(m, a->dh, false, g->wdown, a->dres, C, in, w->wdown, N, F, C));
-    CT_TRY(ct_swiglu_backward(a->dgu, a->dh, gu, N, F));
-    in = gpt_layer_input(m, ln2, N * C);
+    GPT_DEV(m, swiglu_bwd, a->dgu, a->dh, gu, N, F);
+    CT_TRY(gpt_layer_input(m, ln2, N * C, &in));
     if (w->wup == w->wgu + F * C) { /* one product on [2F, C] */
         CT_TRY(gpt_layer_linear_backward(m, a->dln, false, g->wgu, a->dgu, 2 * F, in, w->wgu, N,
                                          C, 2 * F));
@@ -929,21 +1035,21 @@ ct_status gpt_block_backward(ct_gpt *m, int64_t l, int64_t B, int64_t T)
         CT_TRY(gpt_layer_linear_backward(m, a->dln, true, NULL, a->dgu + F, 2 * F, in, w->wup, N,
                                          C, F));
     }
-    CT_TRY(ct_rmsnorm_backward(a->dtmp, g->norm2, a->dln, x2, w->norm2, a->rstd2 + lo, N, C));
-    CT_TRY(ct_add(a->dres, a->dres, a->dtmp, N * C));
+    GPT_DEV(m, rmsnorm_bwd, a->dtmp, g->norm2, a->dln, x2, w->norm2, a->rstd2 + lo, N, C);
+    GPT_DEV(m, add, a->dres, a->dres, a->dtmp, N * C);
     /* attention block: dres is d x2 */
-    if (g->bo) sum_rows(g->bo, a->dres, N, C);
-    in = gpt_layer_input(m, att, N * HE);
+    if (g->bo) GPT_DEV(m, bias_grad_rows, g->bo, a->dres, N, C);
+    CT_TRY(gpt_layer_input(m, att, N * HE, &in));
     CT_TRY(gpt_layer_linear_backward(m, a->datt, false, g->wo, a->dres, C, in, w->wo, N, HE, C));
     CT_TRY(attention_backward(m, (int)l, B, T));
     CT_TRY(gpt_rope(m, a->dq, B, T, H, true));
     CT_TRY(gpt_rope(m, a->dk, B, T, K, true));
     if (g->bq) {
-        sum_rows(g->bq, a->dq, N, HE);
-        sum_rows(g->bk, a->dk, N, KE);
-        sum_rows(g->bv, a->dv, N, KE);
+        GPT_DEV(m, bias_grad_rows, g->bq, a->dq, N, HE);
+        GPT_DEV(m, bias_grad_rows, g->bk, a->dk, N, KE);
+        GPT_DEV(m, bias_grad_rows, g->bv, a->dv, N, KE);
     }
-    in = gpt_layer_input(m, ln1, N * C);
+    CT_TRY(gpt_layer_input(m, ln1, N * C, &in));
     const float *dy[3] = {a->dq, a->dk, a->dv};
     const float *wt[3] = {w->wq, w->wk, w->wv};
     float *gw[3] = {g->wq, g->wk, g->wv};
@@ -951,13 +1057,14 @@ ct_status gpt_block_backward(ct_gpt *m, int64_t l, int64_t B, int64_t T)
     for (int i = 0; i < 3; i++) /* dln = dq Wq + dk Wk + dv Wv, in this order */
         CT_TRY(gpt_layer_linear_backward(m, a->dln, i > 0, gw[i], dy[i], rows[i], in, wt[i], N, C,
                                          rows[i]));
-    CT_TRY(ct_rmsnorm_backward(a->dtmp, g->norm1, a->dln, x, w->norm1, a->rstd1 + lo, N, C));
-    return ct_add(a->dres, a->dres, a->dtmp, N * C);
+    GPT_DEV(m, rmsnorm_bwd, a->dtmp, g->norm1, a->dln, x, w->norm1, a->rstd1 + lo, N, C);
+    GPT_DEV(m, add, a->dres, a->dres, a->dtmp, N * C);
+    return CT_OK;
 }
 
 /* Embedding backward: dres (d loss / d resid[0]) scattered into the embedding's gradient. */
 ct_status gpt_embed_backward(ct_gpt *m, int64_t B, int64_t T)
 {
-    return ct_embedding_backward(m->g.emb, m->a.dres, m->a.inp, CT_DTYPE_I32, B * T,
-                                 m->cfg.vocab_size, m->cfg.d_model, CT_EMBEDDING_NO_PADDING);
+    GPT_DEV(m, embed_bwd, m->g.emb, m->a.dres, m->a.inp, B * T, m->cfg.vocab_size, m->cfg.d_model);
+    return CT_OK;
 }

@@ -3,6 +3,7 @@
 #define CT_MODEL_GPT_INTERNAL_H
 
 #include "core/internal.h"
+#include "device/device_internal.h"
 #include "ctorch/attention.h"
 #include "ctorch/loss.h"
 #include "ctorch/model.h"
@@ -58,12 +59,17 @@ typedef struct gpt_acts {
     float *logits, *dlogits; /* [N, V] each: the unfused head only */
     uint16_t *xb, *dyb; /* dtype bf16 only: a GEMM's activation operand [N, max(C, HE, F)]
                            and its output gradient [N, max(C, HE, 2F)], rounded to bf16 */
-    uint8_t *dmask;          /* [B, T, T]: dense attention only */
+    uint8_t *dmask;          /* [B, T, T]: dense attention with a window or documents only */
+    float *scal;             /* [4]: a loss written on the device, read back once */
 } gpt_acts;
 
 struct ct_gpt {
     ct_gpt_config cfg;
     ct_gpt_options opt;
+    ct_device *dev; /* opt.device, or the CPU: every op of the model runs through its table */
+    size_t pbytes;  /* bytes of params (and of grads) */
+    float *inv_freq_dev; /* the RoPE frequencies on the device (== inv_freq on the CPU) */
+    int32_t *stage;      /* a GPU model: the host staging of a batch's inputs and targets */
     gpt_tensor *tensors;
     int ntensors;
     int64_t nparams, ndecay;
@@ -98,8 +104,8 @@ static inline const uint16_t *gpt_wb(const ct_gpt *m, const float *w)
 {
     return m->wbf + (w - m->params);
 }
-/* dst[0, n) = src rounded to bf16 (round to nearest even), in fixed chunks across threads. */
-void gpt_to_bf16(uint16_t *dst, const float *src, int64_t n);
+/* dst[0, n) = src rounded to bf16 (round to nearest even) on the model's device. */
+ct_status gpt_to_bf16(const ct_gpt *m, uint16_t *dst, const float *src, int64_t n);
 /* Round the f32 matrices into m->wbf (CT_EINVAL when the model has no parameters of its own). */
 ct_status gpt_bf16_refresh(ct_gpt *m);
 /* out[N, V] (row stride ldo) = xb[N, D] (bf16) W[V, D]^T (bf16 copy of w) (+ out when
@@ -119,7 +125,7 @@ typedef struct gpt_input {
 } gpt_input;
 /* The input x [n values] of the products that follow: bf16 rounds it into m->a.xb (valid
  * until the next call), f32 only points at it. */
-gpt_input gpt_layer_input(ct_gpt *m, const float *x, int64_t n);
+ct_status gpt_layer_input(ct_gpt *m, const float *x, int64_t n, gpt_input *in);
 /* out[N, V] (row stride ldo) = x W^T (+ out when accumulate) + bias (may be NULL), W [V, D]
  * the matrix w of the model (h: its mapped bits, f32 only). */
 ct_status gpt_layer_linear(const ct_gpt *m, float *out, int64_t ldo, gpt_input x, const float *w,
@@ -130,6 +136,15 @@ ct_status gpt_layer_linear(const ct_gpt *m, float *out, int64_t ldo, gpt_input x
 ct_status gpt_layer_linear_backward(ct_gpt *m, float *dx, bool dx_accumulate, float *gw,
                                     const float *dy, int64_t ldy, gpt_input x, const float *w,
                                     int64_t N, int64_t D, int64_t V);
+
+/* True when the model's memory is host memory (the CPU device): the host-side paths (mapped
+ * half weights, GEMV, document ids and masks built in place) apply. */
+static inline bool gpt_host(const ct_gpt *m)
+{
+    return ct_device_get_kind(m->dev) == CT_DEVICE_CPU;
+}
+/* Run slot `slot` of the model's device (CT_DEV of device_internal.h). */
+#define GPT_DEV(m, slot, ...) CT_DEV((m)->dev, slot, __VA_ARGS__)
 
 /* Head dim of the model (cfg.head_dim or d_model / n_head). */
 static inline int64_t gpt_E(const ct_gpt *m)
@@ -193,6 +208,11 @@ void gpt_next_batch(const int32_t *train, int64_t n_train, int64_t B, int64_t T,
 /* ct_trainer_create's checks of the options (seq 0 becomes the context) and of the tokens,
  * with fn naming the caller in the messages. */
 ct_status gpt_check_train_options(const ct_gpt_config *c, ct_train_options *o, const char *fn);
+
+/* ct_clip_grad_norm on the model's device (its sumsq and scale slots; on the CPU the same bits):
+ * *norm = sqrt(sum g^2); when max_norm > 0 and the norm exceeds it, g *= max_norm / (norm +
+ * 1e-6). One read-back (the norm) on a GPU. */
+ct_status gpt_clip_grad_norm(ct_gpt *m, float *g, int64_t n, float max_norm, double *norm);
 
 /* A checkpoint's metadata by key (NULL when absent), from a tensor file or an index. */
 typedef const char *(*gpt_meta_get)(const void *src, const char *key);

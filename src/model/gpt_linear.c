@@ -273,33 +273,11 @@ ct_status gpt_embed(float *out, const int32_t *ids, const float *w, gpt_half h, 
 
 /* ---- bf16 mixed precision (ct_gpt_options.dtype bf16) -------------------------------------- */
 
-#define BF16_CHUNK 16384 /* values rounded per task: elementwise, so any split gives the same bits */
-
-typedef struct bf16_job {
-    uint16_t *dst;
-    const float *src;
-    int64_t n;
-} bf16_job;
-
-static void bf16_chunks(void *arg, int64_t c0, int64_t c1, int tid)
+ct_status gpt_to_bf16(const ct_gpt *m, uint16_t *dst, const float *src, int64_t n)
 {
-    const bf16_job *j = arg;
-    (void)tid;
-    for (int64_t c = c0; c < c1; c++) {
-        int64_t i = c * BF16_CHUNK, k = j->n - i < BF16_CHUNK ? j->n - i : BF16_CHUNK;
-        ct_convert_f32_to_bf16(j->dst + i, j->src + i, (size_t)k);
-    }
-}
-
-void gpt_to_bf16(uint16_t *dst, const float *src, int64_t n)
-{
-    if (n <= 0) return;
-    if (n <= BF16_CHUNK) {
-        ct_convert_f32_to_bf16(dst, src, (size_t)n);
-        return;
-    }
-    bf16_job j = {dst, src, n};
-    ct_parallel_for((n + BF16_CHUNK - 1) / BF16_CHUNK, bf16_chunks, &j);
+    if (n <= 0) return CT_OK;
+    GPT_DEV(m, to_bf16, dst, src, n);
+    return CT_OK;
 }
 
 ct_status gpt_bf16_refresh(ct_gpt *m)
@@ -307,8 +285,7 @@ ct_status gpt_bf16_refresh(ct_gpt *m)
     if (!m->wbf || m->mapped)
         return ct_error(CT_EINVAL, "ct_gpt: dtype bf16 needs the model's own f32 parameters (its "
                                    "weights are mapped from a file)");
-    gpt_to_bf16(m->wbf, m->params, m->ndecay);
-    return CT_OK;
+    return gpt_to_bf16(m, m->wbf, m->params, m->ndecay);
 }
 
 ct_status gpt_linear_bf16(float *out, int64_t ldo, const uint16_t *xb, const ct_gpt *m,
@@ -328,20 +305,40 @@ ct_status gpt_linear_bf16(float *out, int64_t ldo, const uint16_t *xb, const ct_
 
 /* ---- one product of a layer in the model's dtype -------------------------------------------- */
 
-gpt_input gpt_layer_input(ct_gpt *m, const float *x, int64_t n)
+ct_status gpt_layer_input(ct_gpt *m, const float *x, int64_t n, gpt_input *in)
 {
-    gpt_input in = {x, NULL};
+    in->f = x;
+    in->b = NULL;
     if (gpt_bf16(m)) {
-        gpt_to_bf16(m->a.xb, x, n);
-        in.b = m->a.xb;
+        CT_TRY(gpt_to_bf16(m, m->a.xb, x, n));
+        in->b = m->a.xb;
     }
-    return in;
+    return CT_OK;
+}
+
+/* A product on a device other than the CPU: the table's GEMM (f32 or bf16 operands), then the
+ * bias. (The CPU keeps gpt_linear / gpt_linear_bf16: mapped half weights, GEMV, the bias as
+ * the GEMM's starting value.) */
+static ct_status device_linear(const ct_gpt *m, float *out, int64_t ldo, gpt_input x,
+                               const float *w, const float *bias, int64_t N, int64_t D, int64_t V,
+                               bool accumulate)
+{
+    bool bf = gpt_bf16(m);
+    if (bias && ldo != V)
+        return ct_error(CT_EINTERNAL, "gpt_layer_linear: a bias needs dense rows on %s",
+                        ct_device_name(m->dev));
+    GPT_DEV(m, gemm, false, true, N, V, D, 1.0f, bf ? (const void *)x.b : (const void *)x.f, D,
+            bf ? (const void *)gpt_wb(m, w) : (const void *)w, D, accumulate ? 1.0f : 0.0f, out,
+            ldo, bf ? CT_DTYPE_BF16 : CT_DTYPE_F32);
+    if (bias) GPT_DEV(m, bias_add_rows, out, bias, N, V);
+    return CT_OK;
 }
 
 ct_status gpt_layer_linear(const ct_gpt *m, float *out, int64_t ldo, gpt_input x, const float *w,
                            gpt_half h, const float *bias, int64_t N, int64_t D, int64_t V,
                            bool accumulate)
 {
+    if (!gpt_host(m)) return device_linear(m, out, ldo, x, w, bias, N, D, V, accumulate);
     if (gpt_bf16(m)) return gpt_linear_bf16(out, ldo, x.b, m, w, bias, N, D, V, accumulate);
     return gpt_linear(out, ldo, x.f, w, h, bias, N, D, V, accumulate, false);
 }
@@ -352,17 +349,19 @@ ct_status gpt_layer_linear_backward(ct_gpt *m, float *dx, bool dx_accumulate, fl
 {
     float beta = dx_accumulate ? 1.0f : 0.0f;
     if (!gpt_bf16(m)) {
-        if (gw) CT_TRY(ct_gemm_f32(true, false, V, D, N, 1.0f, dy, ldy, x.f, D, 1.0f, gw, D));
-        if (dx) CT_TRY(ct_gemm_f32(false, false, N, D, V, 1.0f, dy, ldy, w, D, beta, dx, D));
+        if (gw) GPT_DEV(m, gemm, true, false, V, D, N, 1.0f, dy, ldy, x.f, D, 1.0f, gw, D, CT_DTYPE_F32);
+        if (dx) GPT_DEV(m, gemm, false, false, N, D, V, 1.0f, dy, ldy, w, D, beta, dx, D, CT_DTYPE_F32);
         return CT_OK;
     }
     uint16_t *dyb = m->a.dyb; /* dy rounded, rows packed: elementwise, so any split is the same */
     if (ldy == V)
-        gpt_to_bf16(dyb, dy, N * V);
+        CT_TRY(gpt_to_bf16(m, dyb, dy, N * V));
     else
         for (int64_t n = 0; n < N; n++)
-            gpt_to_bf16(dyb + n * V, dy + n * ldy, V);
-    if (gw) CT_TRY(ct_gemm_bf16(true, false, V, D, N, 1.0f, dyb, V, x.b, D, 1.0f, gw, D));
-    if (dx) CT_TRY(ct_gemm_bf16(false, false, N, D, V, 1.0f, dyb, V, gpt_wb(m, w), D, beta, dx, D));
+            CT_TRY(gpt_to_bf16(m, dyb + n * V, dy + n * ldy, V));
+    if (gw) GPT_DEV(m, gemm, true, false, V, D, N, 1.0f, dyb, V, x.b, D, 1.0f, gw, D, CT_DTYPE_BF16);
+    if (dx)
+        GPT_DEV(m, gemm, false, false, N, D, V, 1.0f, dyb, V, gpt_wb(m, w), D, beta, dx, D,
+                CT_DTYPE_BF16);
     return CT_OK;
 }

@@ -25,6 +25,21 @@ struct ct_trainer {
     float *lmoments;  /* their AdamW moments: exp_avg [LP] then exp_avg_sq [LP] */
 };
 
+ct_gpt_options ct_train_model_options(const ct_train_options *o)
+{
+    ct_gpt_options mo = ct_gpt_options_default();
+    mo.batch = o->batch;
+    mo.seq = o->seq;
+    mo.fused_head = o->fused_head;
+    mo.dense_attention = o->dense_attention;
+    mo.eos_token = o->eos_token;
+    mo.z_loss = o->z_loss;
+    mo.label_smoothing = o->label_smoothing;
+    mo.dtype = o->dtype;
+    mo.device = o->device;
+    return mo;
+}
+
 ct_train_options ct_train_options_default(void)
 {
     ct_train_options o;
@@ -128,19 +143,14 @@ ct_status ct_trainer_create(const ct_gpt_config *cfg, const ct_train_options *op
     t->cfg = *cfg;
     t->o = o;
     t->train = train, t->n_train = n_train, t->eval = eval, t->n_eval = n_eval;
-    ct_gpt_options mo = ct_gpt_options_default();
-    mo.batch = o.batch;
-    mo.seq = o.seq;
-    mo.fused_head = o.fused_head;
-    mo.dense_attention = o.dense_attention;
-    mo.eos_token = o.eos_token;
-    mo.z_loss = o.z_loss;
-    mo.label_smoothing = o.label_smoothing;
-    mo.dtype = o.dtype;
+    ct_gpt_options mo = ct_train_model_options(&o);
     ct_status s = ct_gpt_create(cfg, &mo, &t->m);
     if (s == CT_OK) s = ct_gpt_init(t->m, o.seed);
-    if (s == CT_OK)
-        s = ct_calloc((void **)&t->moments, 2 * (size_t)ct_gpt_num_params(t->m) * sizeof(float));
+    if (s == CT_OK) {
+        size_t mb = 2 * t->m->pbytes;
+        s = ct_dev_alloc(t->m->dev, mb ? mb : 4, "ct_trainer AdamW moments", (void **)&t->moments);
+        if (s == CT_OK) s = ct_dev_zero(t->m->dev, t->moments, mb);
+    }
     if (s == CT_OK)
         s = ct_alloc((void **)&t->batch, (size_t)(o.batch * (o.seq + 1)) * sizeof(int32_t));
     if (s != CT_OK) {
@@ -158,10 +168,25 @@ void ct_trainer_free(ct_trainer *t)
     if (!t) return;
     ct_lora_free(t->lora);
     ct_free(t->lmoments);
+    if (t->m && t->moments) ct_dev_free(t->m->dev, t->moments, t->m->pbytes ? 2 * t->m->pbytes : 4);
     ct_gpt_free(t->m);
-    ct_free(t->moments);
     ct_free(t->batch);
     ct_free(t);
+}
+
+ct_status gpt_clip_grad_norm(ct_gpt *m, float *g, int64_t n, float max_norm, double *norm)
+{
+    double s = 0, *d = &s;
+    if (!gpt_host(m)) { /* a device double in the activations, read back once */
+        CT_TRY(gpt_acts_ready(m));
+        d = (double *)(void *)(m->a.scal + 2);
+    }
+    GPT_DEV(m, sumsq, d, g, n);
+    if (d != &s) CT_TRY(ct_dev_d2h(m->dev, &s, d, sizeof s));
+    double N = sqrt(s);
+    *norm = N;
+    if (max_norm > 0 && N > max_norm) GPT_DEV(m, scale, g, (float)(max_norm / (N + 1e-6)), n);
+    return CT_OK;
 }
 
 ct_gpt *ct_trainer_model(ct_trainer *t)
@@ -237,11 +262,11 @@ ct_status ct_trainer_step(ct_trainer *t, ct_train_step_info *info)
         CT_TRY(ct_adamw_step(lp, lg, t->lmoments, t->lmoments + LP, LP, t->step + 1, &a));
         CT_TRY(ct_lora_apply(t->lora));
     } else {
-        CT_TRY(ct_clip_grad_norm(ct_gpt_grads(m), P, t->o.clip, &norm));
+        CT_TRY(gpt_clip_grad_norm(m, ct_gpt_grads(m), P, t->o.clip, &norm));
         float *p = ct_gpt_params(m), *g = ct_gpt_grads(m), *mo = t->moments, *v = t->moments + P;
-        CT_TRY(ct_adamw_step(p, g, mo, v, D, t->step + 1, &a));
-        a.weight_decay = 0;
-        CT_TRY(ct_adamw_step(p + D, g + D, mo + D, v + D, P - D, t->step + 1, &a));
+        int64_t st = t->step + 1;
+        GPT_DEV(m, adamw, p, g, mo, v, D, st, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay);
+        GPT_DEV(m, adamw, p + D, g + D, mo + D, v + D, P - D, st, a.lr, a.beta1, a.beta2, a.eps, 0.0f);
     }
     t->step++;
     if (info) {
@@ -458,6 +483,17 @@ ct_status ct_trainer_save(const ct_trainer *t, const char *path, size_t n_extra,
     const char **mk = NULL, **mv = NULL;
     char step[32], epoch[32], pos[32], rng[80];
     ct_status s;
+    /* a GPU run: the weights and moments copied to the host for the file */
+    float *hp = NULL, *hm = NULL;
+    if (!gpt_host(m) && ((s = ct_alloc((void **)&hp, m->pbytes ? m->pbytes : 4)) ||
+                         (s = ct_alloc((void **)&hm, m->pbytes ? 2 * m->pbytes : 4)) ||
+                         (s = ct_gpt_read_params(m, false, hp)) ||
+                         (s = ct_dev_d2h(m->dev, hm, t->moments, 2 * m->pbytes)))) {
+        ct_free(hp);
+        ct_free(hm);
+        return s;
+    }
+    float *params = hp ? hp : m->params, *moments = hm ? hm : t->moments;
     if ((s = ct_alloc((void **)&tens, count * sizeof *tens)) ||
         (s = ct_alloc((void **)&names, count * sizeof *names)) ||
         (s = ct_alloc((void **)&namebuf, count * 128)) ||
@@ -466,10 +502,11 @@ ct_status ct_trainer_save(const ct_trainer *t, const char *path, size_t n_extra,
         (s = ct_gpt_config_to_json(&t->cfg, &cfg)))
         goto done;
     for (int i = 0; i < nt && s == CT_OK; i++) {
-        const char *name;
+        const gpt_tensor *gt = &m->tensors[i];
+        const char *name = gt->name;
         ct_tensor p;
-        if ((s = ct_gpt_tensor(m, i, &name, &p, NULL))) break;
-        int64_t off = (float *)p.data - ct_gpt_params(m);
+        int64_t off = gt->offset;
+        if ((s = ct_tensor_wrap(&p, params + off, CT_DTYPE_F32, gt->ndim, gt->shape, NULL))) break;
         for (int k = 0; k < 3; k++) {
             size_t e = (size_t)k * (size_t)nt + (size_t)i;
             names[e] = namebuf + e * 128;
@@ -479,7 +516,7 @@ ct_status ct_trainer_save(const ct_trainer *t, const char *path, size_t n_extra,
                               : "optimizer.exp_avg_sq.",
                      name);
             tens[e] = p;
-            if (k) tens[e].data = t->moments + (k - 1) * P + off;
+            if (k) tens[e].data = moments + (k - 1) * P + off;
         }
     }
     if (s) goto done;
@@ -543,6 +580,8 @@ done:
     ct_free(namebuf);
     ct_free(names);
     ct_free(tens);
+    ct_free(hp);
+    ct_free(hm);
     return s;
 }
 
@@ -723,11 +762,16 @@ ct_status ct_trainer_load(ct_trainer *t, const char *path)
     if (s == CT_OK) s = ct_gpt_load_params(t->m, f);
     int nt = ct_gpt_num_tensors(t->m);
     int64_t P = ct_gpt_num_params(t->m);
+    float *moments = t->moments, *hm = NULL; /* a GPU run: read on the host, then copied */
+    if (s == CT_OK && !gpt_host(t->m) &&
+        (s = ct_alloc((void **)&hm, t->m->pbytes ? 2 * t->m->pbytes : 4)) == CT_OK)
+        moments = hm;
     for (int i = 0; i < nt && s == CT_OK; i++) {
-        const char *name;
+        const gpt_tensor *gt = &t->m->tensors[i];
+        const char *name = gt->name;
         ct_tensor p;
-        if ((s = ct_gpt_tensor(t->m, i, &name, &p, NULL))) break;
-        int64_t off = (float *)p.data - ct_gpt_params(t->m);
+        int64_t off = gt->offset;
+        if ((s = ct_tensor_wrap(&p, moments + off, CT_DTYPE_F32, gt->ndim, gt->shape, NULL))) break;
         for (int k = 0; k < 2 && s == CT_OK; k++) {
             char nm[128];
             snprintf(nm, sizeof nm, "%s%s", k ? "optimizer.exp_avg_sq." : "optimizer.exp_avg.",
@@ -738,7 +782,7 @@ ct_status ct_trainer_load(ct_trainer *t, const char *path)
                 break;
             }
             ct_tensor dst = p;
-            dst.data = t->moments + k * P + off;
+            dst.data = moments + k * P + off;
             s = ct_tensor_file_read_into(f, idx, &dst);
             if (s) s = ct_error_wrap(CT_EFORMAT, "checkpoint: tensor '%s'", nm);
         }
@@ -800,6 +844,8 @@ ct_status ct_trainer_load(ct_trainer *t, const char *path)
         }
         if (s == CT_OK) s = ct_lora_apply(t->lora);
     }
+    if (s == CT_OK && hm) s = ct_dev_h2d(t->m->dev, t->moments, hm, 2 * t->m->pbytes);
+    ct_free(hm);
     ct_tensor_file_close(f);
     CT_TRY(s);
     t->step = step;
@@ -814,6 +860,10 @@ ct_status ct_trainer_load(ct_trainer *t, const char *path)
 ct_status ct_trainer_enable_lora(ct_trainer *t, const ct_lora_options *o)
 {
     if (!t) return ct_error(CT_EINVAL, "ct_trainer_enable_lora: t must not be NULL");
+    if (!gpt_host(t->m))
+        return ct_error(CT_EUNSUPPORTED, "ct_trainer_enable_lora: LoRA trains on the CPU only (the "
+                                         "model lives on %s)",
+                        ct_device_name(t->m->dev));
     if (t->lora) return ct_error(CT_EINVAL, "ct_trainer_enable_lora: adapters are already enabled");
     if (t->step)
         return ct_error(CT_EINVAL, "ct_trainer_enable_lora: enable the adapters before any step");
