@@ -42,6 +42,8 @@ static void usage(FILE *f)
         "the new\n"
         "                      ids), \"prompt_tok_s\", \"decode_tok_s\"}\n"
         "  --no-cache          the baseline: recompute the whole sequence for every token\n"
+        "  --device D          cpu (default), cuda or cuda:N: the model from a ctorch checkpoint\n"
+        "                      on that device (GPU: dense causal attention, no KV cache yet)\n"
         "Prompt and decode speeds (tokens/s) go to stderr (in --json, into the line).\n"
         "Exit status: 0 done, 1 a failure (the message says what), 2 a bad option.\n");
 }
@@ -124,6 +126,8 @@ int cmd_generate(int argc, char **argv)
     long long ntok = 64, topk = 40, seed = 1, threads = 0;
     double temp = 0.8, topp = 1.0;
     bool json = false, ignore_eos = false, no_cache = false;
+    ct_device_options dopt = ct_device_options_default();
+    ct_device *dev = NULL;
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -153,6 +157,11 @@ int cmd_generate(int argc, char **argv)
             if (!cli_int("--seed", v, 0, LLONG_MAX, &seed)) return 2;
         } else if (cli_opt(argc, argv, &i, "--threads", &v)) {
             if (!cli_int("--threads", v, 1, 256, &threads)) return 2;
+        } else if (cli_opt(argc, argv, &i, "--device", &v)) {
+            if (ct_device_parse(v, &dopt) != CT_OK) {
+                fprintf(stderr, "ctorch generate: --device: %s\n", ct_last_error());
+                return 2;
+            }
         } else if (cli_opt(argc, argv, &i, "--temperature", &v)) {
             if (!cli_float("--temperature", v, &temp)) return 2;
             if (!(temp >= 0 && temp <= 100)) {
@@ -374,6 +383,28 @@ int cmd_generate(int argc, char **argv)
     const char *tr = f ? ct_tensor_file_metadata_get(f, "train") : NULL;
     ct_train_options to = ct_train_options_default();
     if (tr && ct_train_options_from_json(tr, &to) == CT_OK) mo.eos_token = to.eos_token;
+    if (dopt.kind != CT_DEVICE_CPU) { /* a GPU: dense causal attention, the sequence recomputed */
+        if (hf) {
+            fprintf(stderr, "ctorch generate: --device: a Hugging Face directory is read in place "
+                            "on the CPU; convert it to a checkpoint for a GPU\n");
+            rc = 1;
+            goto done;
+        }
+        if (cfg.window || cfg.score_mod[0] || cfg.mask_mod[0]) {
+            fprintf(stderr, "ctorch generate: --device: a window or compiled mods need "
+                            "FlexAttention, which does not run on GPUs yet\n");
+            rc = 1;
+            goto done;
+        }
+        if ((s = ct_device_open(&dopt, &dev))) {
+            rc = cli_fail("generate: --device", s);
+            goto done;
+        }
+        mo.device = dev;
+        mo.dense_attention = true;
+        mo.eos_token = -1;
+        no_cache = true;
+    }
     /* a directory's weights are read in place from the mapped files, in their dtype (no
      * copy, no parameter arrays) */
     if ((s = hf ? ct_hf_map_model(hf, &mo, &m, NULL) : ct_gpt_create(&cfg, &mo, &m)) ||
@@ -452,6 +483,7 @@ done:
     ct_tokenizer_free(tok);
     ct_tensor_file_close(f);
     ct_hf_close(hf); /* after the model: its weights may point into the mapped files */
+    if (dev) (void)ct_device_close(dev);
     free(tpath);
     return rc;
 }

@@ -87,6 +87,10 @@ static void usage(FILE *f)
         "  --stop-at N          end this run after step N (the schedule still spans --steps)\n"
         "  --log-every N        progress lines when stderr is not a terminal (steps / 20)\n"
         "  --quiet              no progress line\n"
+        "  --device D           cpu (default), cuda or cuda:N (libctorch_cuda.so, docs/cuda.md):\n"
+        "                       on a GPU the model runs dense causal attention (no document\n"
+        "                       mask, window or mods until FlexAttention runs there); not a\n"
+        "                       training setting: --resume may change it\n"
         "  --dump-grads FILE    write the weights (initial, or the --resume checkpoint's), the "
         "loss\n"
         "                       and every gradient of the first micro-batch to FILE (safetensors)\n"
@@ -125,6 +129,8 @@ typedef struct run {
     double eval_fraction;
     bool quiet, no_doc_mask, resuming;
     bool overwrite; /* --overwrite: replace an earlier run in OUT (not a training setting) */
+    const char *device; /* --device (not a training setting) */
+    ct_device *dev;
     /* across processes (not training settings) */
     long long nproc, prefetch;
     bool dist, elastic, no_overlap, no_separate_rs, no_reshard, bf16;
@@ -307,6 +313,14 @@ static int parse(run *r, int argc, char **argv)
             } else if (int_opt(argc, argv, &i, "--log-every", 1, 1LL << 40, &r->log_every, &bad)) {
             } else if (!strcmp(a, "--quiet"))
                 r->quiet = true;
+            else if (cli_opt(argc, argv, &i, "--device", &v)) {
+                ct_device_options dopt = ct_device_options_default();
+                if (ct_device_parse(v, &dopt) != CT_OK) {
+                    fprintf(stderr, "ctorch train: --device: %s\n", ct_last_error());
+                    bad = true;
+                }
+                r->device = v;
+            }
             else if (int_opt(argc, argv, &i, "--nproc", 1, 256, &r->nproc, &bad)) {
             } else if (!strcmp(a, "--fsdp") || !strcmp(a, "--dp")) {
                 r->dist = true;
@@ -1064,10 +1078,11 @@ static int train_loop(run *r)
             o->fused_head ? "fused" : "unfused", o->dense_attention ? "dense" : "flex",
             o->eos_token >= 0 ? ", documents masked" : "");
         fprintf(stderr,
-                "training: %lld steps of %lld tokens (accum %lld), lr %g -> %g, %s, %d threads%s\n",
+                "training: %lld steps of %lld tokens (accum %lld), lr %g -> %g, %s, %d threads, "
+                "on %s%s\n",
                 (long long)total, (long long)(o->accum * o->batch * T), (long long)o->accum, o->lr,
                 o->min_lr, o->dtype == CT_DTYPE_BF16 ? "bf16 GEMMs (f32 master weights)" : "f32",
-                ct_num_threads(), start ? " (resumed)" : "");
+                ct_num_threads(), ct_device_name(ct_gpt_device(m)), start ? " (resumed)" : "");
         if (start) fprintf(stderr, "resumed from %s at step %lld\n", r->resume, (long long)start);
     }
     FILE *mf = fopen(r->metrics, start ? "a" : "w");
@@ -1080,6 +1095,7 @@ static int train_loop(run *r)
                             "step", (json_int_t)start, "params", (json_int_t)ct_gpt_num_params(m),
                             "steps", (json_int_t)total, "threads", ct_num_threads());
     json_object_set_new(hdr, "dtype", json_string(ct_dtype_name(o->dtype)));
+    json_object_set_new(hdr, "device", json_string(ct_device_describe(ct_gpt_device(m))));
     if (r->builtin) {
         json_object_set_new(hdr, "entropy_floor", json_real(r->ent.rate));
         json_object_set_new(hdr, "unigram_entropy", json_real(r->ent.unigram));
@@ -1190,6 +1206,38 @@ static int train_loop(run *r)
     }
     ct_trainer_free(t);
     return rc;
+}
+
+/* --device: open it; on a GPU the model runs dense causal attention (API 1 of the device table
+ * has no FlexAttention): the document mask is dropped with a note, a window or mods refused. */
+static int open_device(run *r)
+{
+    ct_device_options o = ct_device_options_default();
+    ct_status s = ct_device_parse(r->device, &o);
+    if (s) return cli_fail("train: --device", s);
+    if (o.kind == CT_DEVICE_CPU) return 0;
+    if (r->dist) {
+        fprintf(stderr, "ctorch train: --device %s: --fsdp / --dp run on the CPU only\n", r->device);
+        return 1;
+    }
+    if (r->cfg.window || r->cfg.score_mod[0] || r->cfg.mask_mod[0]) {
+        fprintf(stderr, "ctorch train: --device %s: a window, --score-mod or --mask-mod need "
+                        "FlexAttention, which does not run on GPUs yet\n", r->device);
+        return 1;
+    }
+    if ((s = ct_device_open(&o, &r->dev))) return cli_fail("train: --device", s);
+    r->to.device = r->dev;
+    if (!r->to.dense_attention && !r->quiet)
+        fprintf(stderr, "note: %s runs dense causal attention (FlexAttention is CPU-only so far)\n",
+                r->device);
+    r->to.dense_attention = true;
+    if (r->to.eos_token >= 0) {
+        if (!r->quiet)
+            fprintf(stderr, "note: %s: no document mask (attention crosses EOS boundaries, as "
+                            "--no-doc-mask)\n", r->device);
+        r->to.eos_token = -1;
+    }
+    return 0;
 }
 
 /* ---- an earlier run in OUT ----------------------------------------------------------------- */
@@ -1743,7 +1791,9 @@ int cmd_train(int argc, char **argv)
                                                                             : getenv("OMPI_COMM_WORLD_RANK");
     bool first_rank = !r.dist || !rk || !strcmp(rk, "0");
     if (!rc && !r.dump && !r.resuming && r.overwrite && first_rank) rc = remove_earlier_run(r.out);
+    if (!rc && r.device) rc = open_device(&r);
     if (!rc) rc = r.dump ? dump_grads(&r) : r.dist ? train_dist(&r) : train_loop(&r);
+    if (r.dev) (void)ct_device_close(r.dev);
     if (r.resume == consolidated) unlink(consolidated);
     run_free(&r);
     return rc;

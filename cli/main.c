@@ -87,6 +87,7 @@ int cmd_version(int argc, char **argv)
         if (ct_cpu_has_isa((ct_isa)i)) printf(" %s", ct_isa_name((ct_isa)i));
     if (ct_cpu_sve_bytes()) printf("; SVE vector length %zu bits", 8 * ct_cpu_sve_bytes());
     printf("\n");
+    printf("%s\n", ct_cuda_describe());
     return 0;
 }
 

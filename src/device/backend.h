@@ -148,7 +148,8 @@ typedef struct ct_backend_ops {
     /* ---- losses ---------------------------------------------------------------------------- */
     /* ct_cross_entropy_forward / _backward on logits [N, V] f32 with int32 targets (device),
      * options as in ct_ce_options (class_weight a device pointer; scratch_bytes ignored).
-     * out->loss (and z_loss, lse when set) are device pointers. grad_scale a host float. */
+     * out->loss (and z_loss, lse when set) are device pointers. grad_scale a host float: the
+     * upstream gradient of the loss (with reduction NONE, of every row's loss). */
     int (*ce_fwd)(ct_backend *b, ct_ce_outputs *out, const float *logits, const int32_t *target,
                   int64_t N, int64_t V, const ct_ce_options *o);
     int (*ce_bwd)(ct_backend *b, float *dlogits, float grad_scale, const float *logits,

@@ -187,14 +187,28 @@ static int cpu_ce_fwd(ct_backend *b, ct_ce_outputs *out, const float *logits,
 static int cpu_ce_bwd(ct_backend *b, float *dlogits, float grad_scale, const float *logits,
                       const int32_t *target, int64_t N, int64_t V, const ct_ce_options *o)
 {
-    return ct_cross_entropy_backward(dlogits, &grad_scale, logits, target, CT_DTYPE_I32, N, V, o);
+    if (o->reduction != CT_REDUCTION_NONE)
+        return ct_cross_entropy_backward(dlogits, &grad_scale, logits, target, CT_DTYPE_I32, N, V, o);
+    float *d = NULL; /* NONE: every row's upstream gradient is grad_scale */
+    CT_TRY(ct_alloc((void **)&d, (size_t)(N ? N : 1) * sizeof *d));
+    for (int64_t n = 0; n < N; n++) d[n] = grad_scale;
+    ct_status s = ct_cross_entropy_backward(dlogits, d, logits, target, CT_DTYPE_I32, N, V, o);
+    ct_free(d);
+    return s;
 }
 
 static int cpu_lce(ct_backend *b, ct_ce_outputs *out, ct_lce_grads *grads, float grad_scale,
                    const ct_lce_inputs *in, const ct_ce_options *o)
 {
     if (!grads) return ct_linear_cross_entropy_forward(out, in, o);
-    return ct_linear_cross_entropy_forward_backward(out, grads, &grad_scale, in, o);
+    if (o->reduction != CT_REDUCTION_NONE)
+        return ct_linear_cross_entropy_forward_backward(out, grads, &grad_scale, in, o);
+    float *d = NULL; /* NONE: every row's upstream gradient is grad_scale */
+    CT_TRY(ct_alloc((void **)&d, (size_t)(in->N ? in->N : 1) * sizeof *d));
+    for (int64_t n = 0; n < in->N; n++) d[n] = grad_scale;
+    ct_status s = ct_linear_cross_entropy_forward_backward(out, grads, d, in, o);
+    ct_free(d);
+    return s;
 }
 
 /* The model's attention layout as tensors for ct_sdpa_*: [B, T, H, E] memory seen as

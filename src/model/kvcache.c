@@ -160,6 +160,10 @@ ct_status ct_gpt_cache_create(const ct_gpt *m, int64_t batch, int64_t max_len, c
     *out = NULL;
     if (!m) return ct_error(CT_EINVAL, "%s: the model must not be NULL", fn);
     const ct_gpt_config *cfg = &m->cfg;
+    if (!gpt_host(m))
+        return ct_error(CT_EUNSUPPORTED, "%s: the KV cache runs on the CPU (the model lives on %s): "
+                        "generate recomputes the sequence (no_cache) there", fn,
+                        ct_device_name(m->dev));
     if (cfg->score_mod[0] || cfg->mask_mod[0])
         return ct_error(CT_EUNSUPPORTED, "%s: the KV cache does not run a compiled score_mod / "
                         "mask_mod: generate recomputes the sequence (no_cache) for this model", fn);
