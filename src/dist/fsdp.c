@@ -778,9 +778,8 @@ ct_status ct_fsdp_clip_grad_norm(ct_fsdp *f, float max_norm, double *norm)
     double N = sqrt(sq);
     if (norm) *norm = N;
     if (max_norm > 0 && N > max_norm) {
-        float c = (float)(max_norm / (N + 1e-6));
-        for (int64_t j = 0; j < n; j++)
-            f->gr[j] *= c;
+        float c = (float)(max_norm / (N + 1e-6)); /* element-wise: the serial loop's bits */
+        CT_DEV(f->m->dev, scale, f->gr, c, n);
     }
     return CT_OK;
 }
@@ -794,8 +793,9 @@ ct_status ct_fsdp_adamw_step(ct_fsdp *f, int64_t step, const ct_adamw_options *o
         const ds_tensor *T = &f->t[k];
         int64_t o = f->g[T->group].shard_off + T->soff, n = (T->r1 - T->r0) * T->cols;
         if (n <= 0) continue;
-        CT_TRY(ct_adamw_step(f->p + o, f->gr + o, f->m1 + o, f->m2 + o, n, step,
-                             T->decay ? opt : &nd));
+        const ct_adamw_options *a = T->decay ? opt : &nd;
+        CT_DEV(f->m->dev, adamw, f->p + o, f->gr + o, f->m1 + o, f->m2 + o, n, step, a->lr,
+               a->beta1, a->beta2, a->eps, a->weight_decay);
     }
     ds_drop_gathered(f);
     return CT_OK;
