@@ -59,6 +59,7 @@ struct ct_backend {
     int device;             /* CUDA device index */
     int sm_count;           /* multiprocessors */
     int cc;                 /* compute capability, major * 10 + minor */
+    size_t total_bytes;     /* device memory */
     cudaStream_t stream;    /* the one stream every slot queues on */
     cudaMemPool_t pool;     /* this backend's stream-ordered pool */
     struct ctcu_gemm_state *gemm; /* cuda_gemm.cu's, NULL until the first GEMM */
@@ -95,6 +96,9 @@ int ctcu_use_device(ct_backend *b)
 static int pool_alloc(ct_backend *b, size_t bytes, void **out, const char *what)
 {
     *out = NULL;
+    if (bytes > b->total_bytes)
+        return ctcu_fail(CT_ENOMEM, "%s of %zu bytes on cuda:%d: more than the device's %zu bytes", what, bytes,
+                         b->device, b->total_bytes);
     void *p = NULL;
     cudaError_t e = cudaMallocFromPoolAsync(&p, bytes, b->pool, b->stream);
     if (e == cudaErrorMemoryAllocation) {
@@ -220,6 +224,10 @@ static int cuda_open(int index, ct_backend **out)
     b->sm_count = sms;
     b->cc = major * 10 + minor;
     if ((rc = ctcu_check(cudaSetDevice(index), "cudaSetDevice"))) goto fail;
+    {
+        size_t free_b = 0;
+        if ((rc = ctcu_check(cudaMemGetInfo(&free_b, &b->total_bytes), "cudaMemGetInfo"))) goto fail;
+    }
     if ((rc = ctcu_check(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags")))
         goto fail;
     {
