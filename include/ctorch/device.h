@@ -20,6 +20,7 @@
 #define CTORCH_DEVICE_H
 
 #include "ctorch/core.h"
+#include "ctorch/loss.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -86,6 +87,16 @@ CT_API void ct_device_set_memory_limit(ct_device *d, size_t bytes);
  *  runtime 13.0) from <file>" or "cuda: not loaded: <why>". Loads the library if needed;
  *  never fails; valid until the next call on the thread. */
 CT_API const char *ct_cuda_describe(void);
+
+/** The fused linear + cross-entropy (ct_linear_cross_entropy_forward_backward's contract) on
+ *  device d: every pointer of out, grads (NULL: forward only), in and o->class_weight is d's
+ *  memory (a CUDA tensor's data pointer, say). grad_scale is the upstream gradient (of every
+ *  row with CT_REDUCTION_NONE). Targets must be in range or ignore_index (the caller checks:
+ *  a device's ids are not read on the host). The work is queued on d's stream; ct_device_sync
+ *  waits for it. CT_EUNSUPPORTED when d has no fused loss. */
+CT_API ct_status ct_device_linear_cross_entropy(ct_device *d, const ct_ce_outputs *out,
+                                                const ct_lce_grads *grads, float grad_scale,
+                                                const ct_lce_inputs *in, const ct_ce_options *o);
 
 /* ---- buffers --------------------------------------------------------------------------- */
 

@@ -39,6 +39,8 @@ lib.ct_status_name.restype = ctypes.c_char_p
 lib.ct_status_name.argtypes = [ctypes.c_int]
 lib.ct_last_error.restype = ctypes.c_char_p
 lib.ct_version.restype = ctypes.c_char_p
+lib.ct_cuda_describe.restype = ctypes.c_char_p
+lib.ct_cuda_describe.argtypes = []
 lib.ct_num_threads.restype = ctypes.c_int
 lib.ct_set_num_threads.argtypes = [ctypes.c_int]
 

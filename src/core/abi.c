@@ -27,6 +27,10 @@ typedef struct abi_struct {
 
 /* clang-format off */
 static const abi_struct structs[] = {
+    STRUCT(ct_device_options,
+        F(ct_device_options, kind),
+        F(ct_device_options, index),
+        F(ct_device_options, memory_limit)),
     STRUCT(ct_memory_stats_t,
         F(ct_memory_stats_t, current_bytes),
         F(ct_memory_stats_t, peak_bytes),

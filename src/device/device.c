@@ -393,6 +393,36 @@ void ct_device_set_memory_limit(ct_device *d, size_t bytes)
     atomic_store(&d->limit, bytes);
 }
 
+ct_status ct_device_linear_cross_entropy(ct_device *d, const ct_ce_outputs *out,
+                                         const ct_lce_grads *grads, float grad_scale,
+                                         const ct_lce_inputs *in, const ct_ce_options *o)
+{
+    const char *fn = "ct_device_linear_cross_entropy";
+    if (!d || !out || !in || !o) return ct_error(CT_EINVAL, "%s: d, out, in and o must not be NULL", fn);
+    if (in->N < 0 || in->D < 1 || in->V < 1)
+        return ct_error(CT_EINVAL, "%s: need N >= 0, D >= 1, V >= 1 (got %lld, %lld, %lld)", fn,
+                        (long long)in->N, (long long)in->D, (long long)in->V);
+    if (in->dtype != CT_DTYPE_F32 && in->dtype != CT_DTYPE_BF16)
+        return ct_error(CT_EINVAL, "%s: h and weight must be f32 or bf16, got %s", fn,
+                        ct_dtype_name(in->dtype));
+    if (in->target_dtype != CT_DTYPE_I32 && in->target_dtype != CT_DTYPE_I64)
+        return ct_error(CT_EINVAL, "%s: target must be int32 or int64, got %s", fn,
+                        ct_dtype_name(in->target_dtype));
+    if (!out->loss || (in->N && (!in->h || !in->target)) || !in->weight)
+        return ct_error(CT_EINVAL, "%s: loss, h, weight and target must not be NULL", fn);
+    if (!(o->label_smoothing >= 0 && o->label_smoothing <= 1) || !(o->z_loss >= 0) ||
+        !(o->softcap >= 0) || (unsigned)o->reduction > CT_REDUCTION_SUM)
+        return ct_error(CT_EINVAL, "%s: options out of range (label_smoothing in [0, 1], z_loss "
+                                   ">= 0, softcap >= 0, a known reduction)", fn);
+    ct_lce_grads g, *gp = NULL;
+    if (grads) {
+        g = *grads;
+        gp = &g;
+    }
+    CT_DEV(d, lce, (ct_ce_outputs *)out, gp, grad_scale, in, o);
+    return CT_OK;
+}
+
 /* ---- raw memory with accounting ------------------------------------------------------------- */
 
 ct_status ct_dev_alloc(ct_device *d, size_t bytes, const char *what, void **out)

@@ -183,6 +183,131 @@ def _lce_options(fn, options):
     return options
 
 
+# ---- CUDA tensors: the fused loss on the GPU through libctorch_cuda.so (docs/cuda.md) -----------
+
+class DeviceOptions(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int), ("index", ctypes.c_int), ("memory_limit", ctypes.c_size_t)]
+
+
+lib.ct_device_options_default.restype = DeviceOptions
+lib.ct_device_options_default.argtypes = []
+lib.ct_device_open.argtypes = [_P(DeviceOptions), _P(ctypes.c_void_p)]
+lib.ct_device_sync.argtypes = [ctypes.c_void_p]
+lib.ct_device_linear_cross_entropy.argtypes = [ctypes.c_void_p, _P(CeOutputs), _P(LceGrads), ctypes.c_float,
+                                               _P(LceInputs), _P(CeOptions)]
+_CUDA_DEVICES = {}
+
+
+def _cuda_device(index):
+    """The ctorch device cuda:index, opened once per process."""
+    if index not in _CUDA_DEVICES:
+        o = lib.ct_device_options_default()
+        o.kind, o.index = 1, index
+        d = ctypes.c_void_p()
+        check(lib.ct_device_open(ctypes.byref(o), ctypes.byref(d)))
+        _CUDA_DEVICES[index] = d
+    return _CUDA_DEVICES[index]
+
+
+class _LinearCrossEntropyCuda(torch.autograd.Function):
+    """The fused pass on the GPU: loss and (for mean / sum) the gradients at once, scaled by
+    grad_output in backward, as the CPU's training path does. The work follows PyTorch's
+    current stream: the stream is synchronised before the call and ctorch's after."""
+
+    @staticmethod
+    def forward(ctx, h, w, b, target, cw, reduction, ignore_index, label_smoothing, z_loss, softcap,
+                scratch_bytes):
+        dev = h.device
+        work = torch.bfloat16 if (h.dtype == torch.bfloat16 and w.dtype == torch.bfloat16) else torch.float32
+        lead, D = h.shape[:-1], h.shape[-1]
+        hc = h.reshape(-1, D).to(work).contiguous()
+        wc = w.to(work).contiguous()
+        bc = None if b is None else b.to(torch.float32).contiguous()
+        tc = target.reshape(-1).contiguous()
+        cwc = None if cw is None else cw.to(torch.float32).contiguous()
+        N, V = hc.shape[0], wc.shape[0]
+        o = _options(reduction, ignore_index, label_smoothing, cwc, z_loss, softcap, scratch_bytes)
+        inp = LceInputs(_p(hc), _p(wc), _p(bc), _DT[work], _p(tc), _DT[tc.dtype], N, D, V)
+        shape = (N,) if reduction == "none" else ()
+        loss = torch.empty(shape, dtype=torch.float32, device=dev)
+        zl = torch.empty(shape, dtype=torch.float32, device=dev)
+        lse = torch.empty(N, dtype=torch.float32, device=dev)
+        outs = CeOutputs(_p(loss), _p(zl), _p(lse))
+        need = ctx.needs_input_grad
+        grads = None
+        dh = dw = db = None
+        if need[0] or need[1] or need[2]:
+            if reduction == "none":
+                C.fail(NotImplementedError, "linear_cross_entropy",
+                       "reduction='none' with gradients on CUDA tensors is not implemented (use 'mean' or "
+                       "'sum', or CPU tensors)")
+            dh = torch.empty(N, D, dtype=torch.float32, device=dev) if need[0] else None
+            dw = torch.empty(V, D, dtype=torch.float32, device=dev) if need[1] else None
+            db = torch.empty(V, dtype=torch.float32, device=dev) if (need[2] and b is not None) else None
+            grads = LceGrads(_p(dh), _p(dw), _p(db), False)
+        d = _cuda_device(dev.index if dev.index is not None else torch.cuda.current_device())
+        torch.cuda.current_stream(dev).synchronize()
+        check(lib.ct_device_linear_cross_entropy(d, ctypes.byref(outs), None if grads is None else ctypes.byref(grads),
+                                                 1.0, ctypes.byref(inp), ctypes.byref(o)))
+        check(lib.ct_device_sync(d))
+        ctx.meta = (lead, D, h.dtype, w.dtype, None if b is None else b.dtype)
+        ctx.save_for_backward(dh, dw, db)
+        ctx.mark_non_differentiable(zl)
+        return loss.to(h.dtype) if h.dtype != torch.float32 else loss, zl
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_z):
+        lead, D, hdt, wdt, bdt = ctx.meta
+        dh, dw, db = ctx.saved_tensors
+        g = grad_loss.to(torch.float32)
+        dh = (dh * g).reshape(*lead, D).to(hdt) if dh is not None else None
+        dw = (dw * g).to(wdt) if dw is not None else None
+        db = (db * g).to(bdt) if db is not None else None
+        return dh, dw, db, None, None, None, None, None, None, None, None
+
+
+def _lce_cuda(fn, input, w, target, bias, weight, reduction, ignore_index, label_smoothing, options, z_loss,
+              softcap, return_z_loss, scratch_bytes):
+    """linear_cross_entropy on CUDA tensors (2-D linear_weight): every tensor on input's GPU."""
+    dev = input.device
+    for name, t in (("linear_weight", w), ("target", target), ("linear_bias", bias), ("weight", weight)):
+        if t is not None and (not isinstance(t, torch.Tensor) or t.device != dev):
+            C.fail(RuntimeError, fn, f"Expected all tensors to be on the same device, but {name} is on "
+                                     f"{getattr(t, 'device', type(t).__name__)} and input on {dev}")
+    if w.dtype != input.dtype:
+        C.fail(RuntimeError, fn, f"expected linear_weight and input to have the same dtype, but got "
+                                 f"{w.dtype} and {input.dtype}")
+    if not input.is_floating_point():
+        C.fail(NotImplementedError, fn, f"input must be a floating-point tensor, got {input.dtype}")
+    if w.dim() != 2 or input.dim() < 1 or input.shape[-1] != w.shape[1]:
+        C.fail(RuntimeError, fn, f"on CUDA tensors linear_weight must be [V, D] with input [..., D], got "
+                                 f"{tuple(w.shape)} and {tuple(input.shape)}")
+    C.reduction(fn, reduction)
+    _lce_options(fn, options)
+    ii = -100 if ignore_index is None else int(ignore_index)
+    V = w.shape[0]
+    lead = tuple(input.shape[:-1])
+    if target.is_floating_point() or target.dtype not in (torch.int64, torch.int32):
+        C.fail(RuntimeError, fn, f"target must hold class indices (int64 or int32), got {target.dtype}")
+    if tuple(target.shape) != lead:
+        C.fail(RuntimeError, fn, f"target of shape {tuple(target.shape)} does not fit input's {lead}")
+    if bias is not None and tuple(bias.shape) != (V,):
+        C.fail(RuntimeError, fn, f"expected linear_bias of shape ({V},), got {tuple(bias.shape)}")
+    if weight is not None and tuple(weight.shape) != (V,):
+        C.fail(RuntimeError, fn, f"weight must be a 1-D tensor of {V} class weights, got {tuple(weight.shape)}")
+    bad = ((target < 0) | (target >= V)) & (target != ii)  # checked here: the GPU's ids stay there
+    if bool(bad.any()):
+        C.fail(IndexError, fn, f"Target {int(target[bad].reshape(-1)[0])} is out of bounds (classes [0, {V}))")
+    if target.numel() == 0:
+        loss = _empty_loss(input.reshape(-1, input.shape[-1]), reduction, lead if reduction == "none" else ())
+        return (loss, torch.zeros_like(loss.detach())) if return_z_loss else loss
+    loss, z = _LinearCrossEntropyCuda.apply(input, w, bias, target, weight, reduction, ii, label_smoothing,
+                                            z_loss, softcap, scratch_bytes)
+    if reduction == "none":
+        loss, z = loss.reshape(lead), z.reshape(lead)
+    return (loss, z) if return_z_loss else loss
+
+
 def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weight=None, reduction="mean",
                          ignore_index=None, label_smoothing=0.0, options=None, z_loss=0.0, softcap=None,
                          return_z_loss=False, scratch_bytes=None):
@@ -197,6 +322,9 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weig
     [V, d1, ..., D] (input [N, D], target [N, d1, ...]) run one fused pass per position.
     Class-probability targets are refused (NotImplementedError)."""
     fn = "linear_cross_entropy"
+    if isinstance(input, torch.Tensor) and input.is_cuda:
+        return _lce_cuda(fn, input, linear_weight, target, linear_bias, weight, reduction, ignore_index,
+                         label_smoothing, options, z_loss, softcap, return_z_loss, scratch_bytes)
     C.tensor(fn, "input", input)
     C.tensor(fn, "linear_weight", linear_weight)
     C.same_dtype(fn, "linear_weight", linear_weight, "input", input)  # matmul's check comes first
@@ -378,4 +506,4 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
 # The ctypes mirrors above match the C structs of the loaded library (or this import fails).
 from .._lib import check_layouts as _check_layouts  # noqa: E402
 
-_check_layouts({CeOptions: "ct_ce_options", CeOutputs: "ct_ce_outputs", LceInputs: "ct_lce_inputs", LceGrads: "ct_lce_grads"})
+_check_layouts({CeOptions: "ct_ce_options", CeOutputs: "ct_ce_outputs", LceInputs: "ct_lce_inputs", LceGrads: "ct_lce_grads", DeviceOptions: "ct_device_options"})
