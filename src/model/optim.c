@@ -2,6 +2,7 @@
 #include "core/internal.h"
 #include "ctorch/optim.h"
 #include "model/optim_internal.h"
+#include "ops/optim_kernels.h"
 
 #include <math.h>
 
@@ -13,23 +14,16 @@ ct_adamw_options ct_adamw_options_default(void)
     return o;
 }
 
-typedef struct {
-    float *p, *m, *v;
-    const float *g;
-    float decay, b1, one_b1, b2, one_b2, step_size, bc2_sqrt, eps;
-} adamw_job;
-
-static void adamw_range(void *ctx, int64_t i0, int64_t i1, int tid)
+/* The scalar body of the kernel table (ops/optim_kernels.h). This file is compiled with
+ * -fno-math-errno, so the loop vectorises at the baseline width (SSE2, Advanced SIMD); every
+ * lane does the scalar loop's IEEE operations in the same order (no contraction in ISO C
+ * mode), so the bits do not change. The AVX2 / AVX-512 bodies (optim_x86.h) give these bits. */
+static void scalar_adamw(float *restrict pp, const float *restrict gp, float *restrict mp,
+                         float *restrict vp, int64_t n, const ct_adamw_consts *k)
 {
-    const adamw_job *j = ctx;
-    /* The four arrays are distinct (ct_adamw_step's contract) and this file is compiled with
-     * -fno-math-errno, so the loop vectorises; every lane does the scalar loop's IEEE
-     * operations in the same order (no contraction in ISO C mode), so the bits do not change. */
-    float *restrict pp = j->p, *restrict mp = j->m, *restrict vp = j->v;
-    const float *restrict gp = j->g;
-    const float b1 = j->b1, one_b1 = j->one_b1, b2 = j->b2, one_b2 = j->one_b2;
-    const float decay = j->decay, step_size = j->step_size, bc2_sqrt = j->bc2_sqrt, eps = j->eps;
-    for (int64_t i = i0; i < i1; i++) {
+    const float b1 = k->b1, one_b1 = k->one_b1, b2 = k->b2, one_b2 = k->one_b2;
+    const float decay = k->decay, step_size = k->step_size, bc2_sqrt = k->bc2_sqrt, eps = k->eps;
+    for (int64_t i = 0; i < n; i++) {
         float g = gp[i];
         float m = b1 * mp[i] + one_b1 * g;
         float v = b2 * vp[i] + one_b2 * g * g;
@@ -38,6 +32,36 @@ static void adamw_range(void *ctx, int64_t i0, int64_t i1, int tid)
         float p = pp[i] * decay;
         pp[i] = p - step_size * m / (sqrtf(v) / bc2_sqrt + eps);
     }
+}
+
+const ct_optim_kernels ct_optim_scalar = {scalar_adamw};
+
+#if defined(__x86_64__)
+#define OPTIM_AVX2 &ct_optim_avx2
+#define OPTIM_AVX512 &ct_optim_avx512
+#else
+#define OPTIM_AVX2 &ct_optim_scalar
+#define OPTIM_AVX512 &ct_optim_scalar
+#endif
+
+/* Every entry gives the scalar loop's bits; AArch64 runs the scalar body (vectorised). */
+const ct_optim_kernels *const ct_optim_tables[CT_ISA_COUNT] = {
+    [CT_ISA_SCALAR] = &ct_optim_scalar, [CT_ISA_AVX2] = OPTIM_AVX2,
+    [CT_ISA_AVX512] = OPTIM_AVX512,     [CT_ISA_NEON] = &ct_optim_scalar,
+    [CT_ISA_SVE] = &ct_optim_scalar,
+};
+
+typedef struct {
+    float *p, *m, *v;
+    const float *g;
+    ct_adamw_consts k;
+    const ct_optim_kernels *kern;
+} adamw_job;
+
+static void adamw_range(void *ctx, int64_t i0, int64_t i1, int tid)
+{
+    const adamw_job *j = ctx;
+    j->kern->adamw(j->p + i0, j->g + i0, j->m + i0, j->v + i0, i1 - i0, &j->k);
 }
 
 ct_status ct_adamw_step(float *param, const float *grad, float *m, float *v, int64_t n,
@@ -64,14 +88,10 @@ ct_status ct_adamw_step(float *param, const float *grad, float *m, float *v, int
                    m,
                    v,
                    grad,
-                   (float)(1.0 - (double)opt->lr * opt->weight_decay),
-                   opt->beta1,
-                   (float)(1.0 - b1),
-                   opt->beta2,
-                   (float)(1.0 - b2),
-                   (float)(opt->lr / bc1),
-                   (float)sqrt(bc2),
-                   opt->eps};
+                   {(float)(1.0 - (double)opt->lr * opt->weight_decay), opt->beta1,
+                    (float)(1.0 - b1), opt->beta2, (float)(1.0 - b2), (float)(opt->lr / bc1),
+                    (float)sqrt(bc2), opt->eps},
+                   CT_KERNELS(ct_optim_tables)};
     ct_parallel_for_grain(n, 4096, adamw_range, &j);
     return CT_OK;
 }
