@@ -1011,203 +1011,6 @@ static int init_weights(run *r, ct_trainer *t)
     return 0;
 }
 
-static int train_loop(run *r)
-{
-    ct_trainer *t;
-    ct_status s = ct_trainer_create(&r->cfg, &r->to, r->train, r->n_train, r->eval, r->n_eval, &t);
-    if (s) return cli_fail("train", s);
-    ct_gpt *m = ct_trainer_model(t);
-    if (r->init_from && init_weights(r, t)) {
-        ct_trainer_free(t);
-        return 1;
-    }
-    if (r->resuming) {
-        if ((s = ct_trainer_load(t, r->resume))) {
-            ct_trainer_free(t);
-            return cli_fail("train: --resume", s);
-        }
-    }
-    const ct_train_options *o = &r->to;
-    int64_t T = o->seq ? o->seq : r->cfg.context, total = o->steps;
-    int64_t stop = r->stop_at && r->stop_at < total ? r->stop_at : total;
-    int64_t start = ct_trainer_step_count(t);
-    if (o->dtype == CT_DTYPE_BF16 && !ct_cpu_has_bf16()) /* once, even with --quiet */
-        fprintf(stderr, "ctorch train: --dtype bf16: %s has no bf16 dot-product instructions "
-                        "(AVX512_BF16 / BF16); the bf16 operands are converted to f32 for each "
-                        "product (same results, no bf16 speed-up)\n",
-                ct_cpu_name());
-    long long eval_every = r->eval_every >= 0 ? r->eval_every : (total >= 5 ? total / 5 : 1);
-    long long log_every = r->log_every > 0 ? r->log_every : (total >= 20 ? total / 20 : 1);
-    bool tty = isatty(2);
-    ct_gpt_memory mem = ct_gpt_memory_sizes(m);
-    if (nothing_left(r, start, stop, total)) {
-        ct_trainer_free(t);
-        return 0;
-    }
-    if (!r->quiet) {
-        if (r->builtin)
-            fprintf(
-                stderr,
-                "data: built-in corpus (seed %llu, vocabulary %lld incl. EOS, %lld classes, Zipf "
-                "%g, "
-                "documents of a %lld-word sentence x %lld): %lld training + %lld held-out tokens\n"
-                "      entropy floor %.4f nats/token (the rate: no model can do better), unigram "
-                "entropy %.4f\n",
-                (unsigned long long)r->co.seed, (long long)r->co.vocab_size,
-                (long long)r->co.classes, r->co.zipf, (long long)r->co.sentence,
-                (long long)r->co.repeats, (long long)r->n_train, (long long)r->n_eval, r->ent.rate,
-                r->ent.unigram);
-        else
-            fprintf(stderr, "data: %s: %lld training + %lld held-out tokens, BPE vocabulary %lld\n",
-                    r->data_path, (long long)r->n_train, (long long)r->n_eval,
-                    (long long)r->cfg.vocab_size);
-        fprintf(stderr,
-                "model: %lld layers, d_model %lld, %lld heads (%lld kv), ffn %lld, context %lld%s, "
-                "%s head, "
-                "%.2fM parameters\n",
-                (long long)r->cfg.n_layer, (long long)r->cfg.d_model, (long long)r->cfg.n_head,
-                (long long)r->cfg.n_kv_head, (long long)r->cfg.d_ff, (long long)r->cfg.context,
-                r->cfg.window ? ", sliding window" : "", r->cfg.tied ? "tied" : "untied",
-                (double)ct_gpt_num_params(m) / 1e6);
-        fprintf(
-            stderr,
-            "memory: parameters %.1f MiB, gradients %.1f MiB, AdamW %.1f MiB, activations %.1f MiB "
-            "(batch %lld x %lld, %s loss, %s attention%s)\n",
-            mem.params / 1048576.0, mem.grads / 1048576.0, mem.optimizer / 1048576.0,
-            mem.activations / 1048576.0, (long long)o->batch, (long long)T,
-            o->fused_head ? "fused" : "unfused", o->dense_attention ? "dense" : "flex",
-            o->eos_token >= 0 ? ", documents masked" : "");
-        fprintf(stderr,
-                "training: %lld steps of %lld tokens (accum %lld), lr %g -> %g, %s, %d threads, "
-                "on %s%s\n",
-                (long long)total, (long long)(o->accum * o->batch * T), (long long)o->accum, o->lr,
-                o->min_lr, o->dtype == CT_DTYPE_BF16 ? "bf16 GEMMs (f32 master weights)" : "f32",
-                ct_num_threads(), ct_device_name(ct_gpt_device(m)), start ? " (resumed)" : "");
-        if (start) fprintf(stderr, "resumed from %s at step %lld\n", r->resume, (long long)start);
-    }
-    FILE *mf = fopen(r->metrics, start ? "a" : "w");
-    if (!mf) {
-        fprintf(stderr, "ctorch train: cannot write '%s': %s\n", r->metrics, strerror(errno));
-        ct_trainer_free(t);
-        return 1;
-    }
-    json_t *hdr = json_pack("{s:s, s:I, s:I, s:I, s:i}", "event", start ? "resume" : "start",
-                            "step", (json_int_t)start, "params", (json_int_t)ct_gpt_num_params(m),
-                            "steps", (json_int_t)total, "threads", ct_num_threads());
-    json_object_set_new(hdr, "dtype", json_string(ct_dtype_name(o->dtype)));
-    json_object_set_new(hdr, "device", json_string(ct_device_describe(ct_gpt_device(m))));
-    if (r->builtin) {
-        json_object_set_new(hdr, "entropy_floor", json_real(r->ent.rate));
-        json_object_set_new(hdr, "unigram_entropy", json_real(r->ent.unigram));
-    }
-    metrics_line(mf, hdr);
-    ct_telemetry tel;
-    ct_telemetry_sample ts;
-    ct_telemetry_init(&tel);
-    ct_telemetry_read(&tel, &ts);
-    double t0 = now_s(), step_s = 0, cpu = NAN;
-    int64_t tokens_run = 0;
-    float last_eval = NAN;
-    int rc = 0;
-    for (int64_t step = start; step < stop; step++) {
-        ct_train_step_info info;
-        double ts0 = now_s();
-        if ((s = ct_trainer_step(t, &info))) {
-            rc = cli_fail("train: step", s);
-            break;
-        }
-        double tnow = now_s(), dt = tnow - ts0;
-        step_s = step == start ? dt : 0.8 * step_s + 0.2 * dt;
-        tokens_run += info.tokens;
-        ct_memory_stats_t ms;
-        ct_memory_stats(&ms);
-        bool eval_now = info.step == stop || (eval_every && info.step % eval_every == 0);
-        bool log_now = info.step == stop || info.step % log_every == 0;
-        if (tty || log_now || eval_now) {
-            if (ct_telemetry_read(&tel, &ts) == CT_OK && !isnan(ts.process_cpu))
-                cpu = ts.process_cpu;
-        }
-        json_t *j =
-            json_pack("{s:I, s:f, s:f, s:f, s:I, s:f, s:f, s:I}", "step", (json_int_t)info.step,
-                      "loss", (double)info.loss, "lr", (double)info.lr, "grad_norm", info.grad_norm,
-                      "tokens", (json_int_t)info.tokens, "step_s", dt, "elapsed_s", tnow - t0,
-                      "mem_bytes", (json_int_t)ms.current_bytes);
-        if (!isnan(cpu)) json_object_set_new(j, "cpu", json_real(cpu));
-        if (eval_now && r->n_eval) {
-            float el;
-            if ((s = ct_trainer_evaluate(t, &el))) {
-                json_decref(j);
-                rc = cli_fail("train: evaluation", s);
-                break;
-            }
-            last_eval = el;
-            json_object_set_new(j, "eval_loss", json_real(el));
-        }
-        metrics_line(mf, j);
-        if (!r->quiet && (tty || log_now || eval_now)) {
-            char eta[32];
-            fmt_time(step_s * (double)(stop - info.step), eta, sizeof eta);
-            double tps = tokens_run / (tnow - t0);
-            char cpus[32] = "";
-            if (!isnan(cpu)) snprintf(cpus, sizeof cpus, " | cpu %3.0f%%", 100 * cpu);
-            fprintf(
-                stderr,
-                "%sstep %*lld/%lld | loss %.4f | lr %.2e | %6.0f tok/s | ETA %s | mem %.1f MiB%s%s",
-                tty ? "\r\033[K" : "", (int)(log10((double)total) + 1), (long long)info.step,
-                (long long)total, info.loss, info.lr, tps, eta, ms.current_bytes / 1048576.0, cpus,
-                tty ? "" : "\n");
-            if (eval_now && !isnan(last_eval)) {
-                if (r->builtin)
-                    fprintf(stderr,
-                            "%sheld-out loss %.4f at step %lld (floor %.4f, unigram %.4f: %.0f%% "
-                            "of the way "
-                            "to the floor)\n",
-                            tty ? "\n" : "", last_eval, (long long)info.step, r->ent.rate,
-                            r->ent.unigram, progress_to_floor(r, last_eval));
-                else
-                    fprintf(stderr, "%sheld-out loss %.4f at step %lld\n", tty ? "\n" : "",
-                            last_eval, (long long)info.step);
-            }
-            fflush(stderr);
-        }
-        if (r->save_every && info.step % r->save_every == 0 && info.step != stop &&
-            (rc = save(r, t)))
-            break;
-    }
-    if (!rc) rc = save(r, t);
-    double wall = now_s() - t0;
-    ct_memory_stats_t ms;
-    ct_memory_stats(&ms);
-    json_t *end =
-        json_pack("{s:s, s:I, s:f, s:f, s:I}", "event", "end", "step",
-                  (json_int_t)ct_trainer_step_count(t), "wall_s", wall, "tokens_per_s",
-                  wall > 0 ? tokens_run / wall : 0.0, "peak_mem_bytes", (json_int_t)ms.peak_bytes);
-    if (!isnan(last_eval)) json_object_set_new(end, "eval_loss", json_real(last_eval));
-    metrics_line(mf, end);
-    fclose(mf);
-    if (!rc) rc = plot(r);
-    if (!rc && !r->quiet) {
-        char el[32];
-        fmt_time(wall, el, sizeof el);
-        if (tty) fputc('\n', stderr);
-        fprintf(stderr, "done: %lld steps in %s (%.0f tokens/s), peak tracked memory %.1f MiB\n",
-                (long long)(ct_trainer_step_count(t) - start), el,
-                wall > 0 ? tokens_run / wall : 0.0, ms.peak_bytes / 1048576.0);
-        if (!isnan(last_eval) && r->builtin)
-            fprintf(stderr,
-                    "held-out loss %.4f | entropy floor %.4f | unigram entropy %.4f -> %.0f%% of "
-                    "the way from "
-                    "the unigram entropy to the floor (%s)\n",
-                    last_eval, r->ent.rate, r->ent.unigram, progress_to_floor(r, last_eval),
-                    last_eval - r->ent.rate < r->ent.unigram - last_eval
-                        ? "closer to the floor"
-                        : "closer to the unigram entropy");
-        fprintf(stderr, "wrote %s, %s, %s\n", r->ckpt, r->metrics, r->svg);
-    }
-    ct_trainer_free(t);
-    return rc;
-}
-
 /* --device: open it; on a GPU the model runs dense causal attention (API 1 of the device table
  * has no FlexAttention): the document mask is dropped with a note, a window or mods refused. */
 static int open_device(run *r)
@@ -1396,25 +1199,239 @@ static int dist_save(run *r, ct_fsdp_trainer *t)
     return 0;
 }
 
-static int train_dist(run *r)
+/* ---- the training loop: one process (ct_trainer) or across processes (ct_fsdp_trainer) ---- */
+
+typedef struct loop loop;
+
+/* The calls that differ between the two trainers, chosen once (single_ops, dist_ops); the
+ * schedule, evaluation cadence, saving, --stop-at, metrics records, progress lines, the end
+ * record, the plot and the summary are train()'s alone. */
+typedef struct loop_ops {
+    int (*open)(loop *L); /* the trainer, its weights or the --resume checkpoint */
+    int64_t (*step_count)(const loop *L);
+    ct_status (*step)(loop *L, ct_train_step_info *info);
+    void (*after_step)(loop *L, double dt, bool report); /* every rank, a step done */
+    ct_status (*evaluate)(loop *L, float *loss);
+    int (*save)(loop *L); /* the checkpoint: 0, or the exit status (its message printed) */
+    void (*describe)(const loop *L); /* rank 0, not --quiet: the model and memory lines */
+    int (*begin)(loop *L);           /* before the first step (NULL: nothing) */
+    void (*start_records)(loop *L, const char *event); /* metrics: the start / resume record */
+    void (*step_fields)(const loop *L, json_t *j, double dt); /* a step record's own fields */
+    void (*progress)(const loop *L, int64_t step, double dt, const ct_memory_stats_t *ms,
+                     char *buf, size_t n); /* the progress line after tok/s */
+    int (*recover)(loop *L, int64_t *step); /* --elastic: a failed step (NULL: fatal) */
+    int (*finish)(loop *L, int rc, const ct_memory_stats_t *ms); /* every rank, after saving */
+    void (*end_fields)(loop *L, json_t *end); /* the end record's own fields (NULL: none) */
+    void (*done)(const loop *L, double wall, const ct_memory_stats_t *ms); /* the summary */
+    void (*free)(loop *L);
+} loop_ops;
+
+struct loop {
+    run *r;
+    const loop_ops *ops;
+    /* one process */
+    ct_trainer *t;
+    ct_telemetry tel;
+    double step_s, cpu; /* the step time's moving average (ETA); the last CPU sample */
+    /* across processes */
+    ct_fsdp_trainer *ft;
+    ct_comm *world;
+    ct_store_server *srv;
+    ct_store *store;
+    ct_fsdp_stats fs;            /* the last step's */
+    ct_memory_stats_t setup_mem; /* what the set-up holds: model shards, communicators */
+    double exposed_all, coll_all;
+    double *peaks; /* peak tracked memory per rank */
+    /* the run */
+    bool tty;         /* progress rewritten in place */
+    bool floor_notes; /* held-out losses against the built-in corpus's entropies */
+    int step_width;   /* of the step number in the progress line */
+    char saved[4200]; /* what the end names as the checkpoint */
+    int64_t start, stop, total, steps_run, tokens_run;
+    double t0, busy_s; /* the steps' time, evaluation and saving excluded */
+    float last_eval;
+    FILE *mf; /* metrics.jsonl (rank 0) */
+};
+
+/* One process. */
+
+static int single_open(loop *L)
 {
-    ct_store_server *srv = NULL;
-    ct_store *store = NULL;
-    ct_comm *world = NULL;
-    ct_status s = dist_comm(r, &srv, &store, &world);
-    if (s) {
-        ct_store_free(store);
-        ct_store_server_free(srv);
-        return cli_fail("train: communicator", s);
+    run *r = L->r;
+    ct_status s = ct_trainer_create(&r->cfg, &r->to, r->train, r->n_train, r->eval, r->n_eval,
+                                    &L->t);
+    if (s) return cli_fail("train", s);
+    if (r->init_from && init_weights(r, L->t)) return 1;
+    if (r->resuming && (s = ct_trainer_load(L->t, r->resume)))
+        return cli_fail("train: --resume", s);
+    if (r->to.dtype == CT_DTYPE_BF16 && !ct_cpu_has_bf16()) /* once, even with --quiet */
+        fprintf(stderr, "ctorch train: --dtype bf16: %s has no bf16 dot-product instructions "
+                        "(AVX512_BF16 / BF16); the bf16 operands are converted to f32 for each "
+                        "product (same results, no bf16 speed-up)\n",
+                ct_cpu_name());
+    L->tty = isatty(2);
+    L->floor_notes = r->builtin;
+    L->step_width = (int)(log10((double)r->to.steps) + 1);
+    snprintf(L->saved, sizeof L->saved, "%s", r->ckpt);
+    ct_telemetry_sample ts;
+    ct_telemetry_init(&L->tel);
+    ct_telemetry_read(&L->tel, &ts);
+    return 0;
+}
+
+static int64_t single_step_count(const loop *L)
+{
+    return ct_trainer_step_count(L->t);
+}
+
+static ct_status single_step(loop *L, ct_train_step_info *info)
+{
+    return ct_trainer_step(L->t, info);
+}
+
+static void single_after_step(loop *L, double dt, bool report)
+{
+    L->step_s = L->steps_run ? 0.8 * L->step_s + 0.2 * dt : dt;
+    ct_telemetry_sample ts;
+    if (report && ct_telemetry_read(&L->tel, &ts) == CT_OK && !isnan(ts.process_cpu))
+        L->cpu = ts.process_cpu;
+}
+
+static ct_status single_evaluate(loop *L, float *loss)
+{
+    return ct_trainer_evaluate(L->t, loss);
+}
+
+static int single_save(loop *L)
+{
+    return save(L->r, L->t);
+}
+
+static void single_describe(const loop *L)
+{
+    const run *r = L->r;
+    const ct_train_options *o = &r->to;
+    ct_gpt *m = ct_trainer_model(L->t);
+    ct_gpt_memory mem = ct_gpt_memory_sizes(m);
+    int64_t T = o->seq ? o->seq : r->cfg.context;
+    if (r->builtin)
+        fprintf(stderr,
+                "data: built-in corpus (seed %llu, vocabulary %lld incl. EOS, %lld classes, Zipf "
+                "%g, documents of a %lld-word sentence x %lld): %lld training + %lld held-out "
+                "tokens\n"
+                "      entropy floor %.4f nats/token (the rate: no model can do better), unigram "
+                "entropy %.4f\n",
+                (unsigned long long)r->co.seed, (long long)r->co.vocab_size,
+                (long long)r->co.classes, r->co.zipf, (long long)r->co.sentence,
+                (long long)r->co.repeats, (long long)r->n_train, (long long)r->n_eval, r->ent.rate,
+                r->ent.unigram);
+    else
+        fprintf(stderr, "data: %s: %lld training + %lld held-out tokens, BPE vocabulary %lld\n",
+                r->data_path, (long long)r->n_train, (long long)r->n_eval,
+                (long long)r->cfg.vocab_size);
+    fprintf(stderr,
+            "model: %lld layers, d_model %lld, %lld heads (%lld kv), ffn %lld, context %lld%s, %s "
+            "head, %.2fM parameters\n",
+            (long long)r->cfg.n_layer, (long long)r->cfg.d_model, (long long)r->cfg.n_head,
+            (long long)r->cfg.n_kv_head, (long long)r->cfg.d_ff, (long long)r->cfg.context,
+            r->cfg.window ? ", sliding window" : "", r->cfg.tied ? "tied" : "untied",
+            (double)ct_gpt_num_params(m) / 1e6);
+    fprintf(stderr,
+            "memory: parameters %.1f MiB, gradients %.1f MiB, AdamW %.1f MiB, activations %.1f MiB "
+            "(batch %lld x %lld, %s loss, %s attention%s)\n",
+            mem.params / 1048576.0, mem.grads / 1048576.0, mem.optimizer / 1048576.0,
+            mem.activations / 1048576.0, (long long)o->batch, (long long)T,
+            o->fused_head ? "fused" : "unfused", o->dense_attention ? "dense" : "flex",
+            o->eos_token >= 0 ? ", documents masked" : "");
+    fprintf(stderr,
+            "training: %lld steps of %lld tokens (accum %lld), lr %g -> %g, %s, %d threads, on "
+            "%s%s\n",
+            (long long)L->total, (long long)(o->accum * o->batch * T), (long long)o->accum, o->lr,
+            o->min_lr, o->dtype == CT_DTYPE_BF16 ? "bf16 GEMMs (f32 master weights)" : "f32",
+            ct_num_threads(), ct_device_name(ct_gpt_device(m)), L->start ? " (resumed)" : "");
+}
+
+static void single_start_records(loop *L, const char *event)
+{
+    const run *r = L->r;
+    ct_gpt *m = ct_trainer_model(L->t);
+    json_t *hdr = json_pack("{s:s, s:I, s:I, s:I, s:i}", "event", event, "step",
+                            (json_int_t)L->start, "params", (json_int_t)ct_gpt_num_params(m),
+                            "steps", (json_int_t)L->total, "threads", ct_num_threads());
+    json_object_set_new(hdr, "dtype", json_string(ct_dtype_name(r->to.dtype)));
+    json_object_set_new(hdr, "device", json_string(ct_device_describe(ct_gpt_device(m))));
+    if (r->builtin) {
+        json_object_set_new(hdr, "entropy_floor", json_real(r->ent.rate));
+        json_object_set_new(hdr, "unigram_entropy", json_real(r->ent.unigram));
     }
-    if (r->elastic && ct_comm_get_backend(world) == CT_COMM_MPI) {
-        ct_comm_free(world);
+    metrics_line(L->mf, hdr);
+}
+
+static void single_step_fields(const loop *L, json_t *j, double dt)
+{
+    if (!isnan(L->cpu)) json_object_set_new(j, "cpu", json_real(L->cpu));
+}
+
+static void single_progress(const loop *L, int64_t step, double dt, const ct_memory_stats_t *ms,
+                            char *buf, size_t n)
+{
+    char eta[32], cpus[32] = "";
+    fmt_time(L->step_s * (double)(L->stop - step), eta, sizeof eta);
+    if (!isnan(L->cpu)) snprintf(cpus, sizeof cpus, " | cpu %3.0f%%", 100 * L->cpu);
+    snprintf(buf, n, "ETA %s | mem %.1f MiB%s", eta, ms->current_bytes / 1048576.0, cpus);
+}
+
+static void single_done(const loop *L, double wall, const ct_memory_stats_t *ms)
+{
+    const run *r = L->r;
+    char el[32];
+    fmt_time(wall, el, sizeof el);
+    fprintf(stderr, "done: %lld steps in %s (%.0f tokens/s), peak tracked memory %.1f MiB\n",
+            (long long)(single_step_count(L) - L->start), el,
+            wall > 0 ? L->tokens_run / wall : 0.0, ms->peak_bytes / 1048576.0);
+    if (!isnan(L->last_eval) && r->builtin)
+        fprintf(stderr,
+                "held-out loss %.4f | entropy floor %.4f | unigram entropy %.4f -> %.0f%% of the "
+                "way from the unigram entropy to the floor (%s)\n",
+                L->last_eval, r->ent.rate, r->ent.unigram, progress_to_floor(r, L->last_eval),
+                L->last_eval - r->ent.rate < r->ent.unigram - L->last_eval
+                    ? "closer to the floor"
+                    : "closer to the unigram entropy");
+}
+
+static void single_free(loop *L)
+{
+    ct_trainer_free(L->t);
+}
+
+static const loop_ops single_ops = {
+    .open = single_open,
+    .step_count = single_step_count,
+    .step = single_step,
+    .after_step = single_after_step,
+    .evaluate = single_evaluate,
+    .save = single_save,
+    .describe = single_describe,
+    .start_records = single_start_records,
+    .step_fields = single_step_fields,
+    .progress = single_progress,
+    .done = single_done,
+    .free = single_free,
+};
+
+/* Across processes (--fsdp, --dp; docs/fsdp.md). */
+
+static int dist_open(loop *L)
+{
+    run *r = L->r;
+    ct_status s = dist_comm(r, &L->srv, &L->store, &L->world);
+    if (s) return cli_fail("train: communicator", s);
+    if (r->elastic && ct_comm_get_backend(L->world) == CT_COMM_MPI) {
         fprintf(stderr, "ctorch train: --elastic needs the tcp backend\n");
         return 2;
     }
-    r->rank = ct_comm_rank(world);
-    r->world = ct_comm_size(world);
-    bool quiet0 = r->quiet;
+    r->rank = ct_comm_rank(L->world);
+    r->world = ct_comm_size(L->world);
     ct_fsdp_options fo = ct_fsdp_options_default();
     fo.mode = r->mode;
     fo.forward_prefetch = fo.backward_prefetch = (int)r->prefetch;
@@ -1422,219 +1439,344 @@ static int train_dist(run *r)
     fo.separate_reduce_scatter_comm = !r->no_separate_rs;
     fo.reshard_after_forward = !r->no_reshard;
     if (r->bf16) fo.param_dtype = CT_DTYPE_BF16;
-    ct_fsdp_trainer *t = NULL;
-    s = ct_fsdp_trainer_create(world, &r->cfg, &r->to, &fo, r->train, r->n_train, r->eval,
-                               r->n_eval, &t);
-    int rc = 0;
-    if (s) {
-        rc = cli_fail("train", s);
-        goto out;
+    if ((s = ct_fsdp_trainer_create(L->world, &r->cfg, &r->to, &fo, r->train, r->n_train,
+                                    r->eval, r->n_eval, &L->ft)))
+        return cli_fail("train", s);
+    if (r->resuming && (s = ct_fsdp_trainer_load(L->ft, r->resume)))
+        return cli_fail("train: --resume", s);
+    ct_fsdp_get_stats(ct_fsdp_trainer_model(L->ft), &L->fs);
+    ct_memory_stats(&L->setup_mem);
+    snprintf(L->saved, sizeof L->saved, "%s/latest", r->out);
+    return 0;
+}
+
+static int64_t dist_step_count(const loop *L)
+{
+    return ct_fsdp_trainer_step_count(L->ft);
+}
+
+static ct_status dist_step(loop *L, ct_train_step_info *info)
+{
+    ct_fsdp_reset_stats(ct_fsdp_trainer_model(L->ft));
+    return ct_fsdp_trainer_step(L->ft, info);
+}
+
+static void dist_after_step(loop *L, double dt, bool report)
+{
+    ct_fsdp_get_stats(ct_fsdp_trainer_model(L->ft), &L->fs);
+    L->exposed_all += L->fs.exposed_s, L->coll_all += L->fs.collective_s;
+}
+
+static ct_status dist_evaluate(loop *L, float *loss)
+{
+    return ct_fsdp_trainer_evaluate(L->ft, loss);
+}
+
+static int dist_save_loop(loop *L)
+{
+    return dist_save(L->r, L->ft);
+}
+
+static void dist_describe(const loop *L)
+{
+    const run *r = L->r;
+    fprintf(stderr,
+            "%s: %d ranks (%s backend), %lld rows each of a global batch %lld, ~%.2fM "
+            "parameters\n",
+            r->mode == CT_FSDP_FULL_SHARD ? "fsdp" : "dp", r->world,
+            ct_comm_backend_name(ct_comm_get_backend(L->world)),
+            (long long)(r->to.batch / r->world), (long long)r->to.batch,
+            (double)L->fs.state_bytes / 16 * r->world / 1e6);
+    fprintf(stderr,
+            "memory per rank: training state %.1f MiB (parameters, gradients, AdamW), one "
+            "gathered block %.1f MiB\n",
+            L->fs.state_bytes / 1048576.0, L->fs.block_bytes / 1048576.0);
+}
+
+/* elastic FSDP recovers from the last committed checkpoint: make sure there is one */
+static int dist_begin(loop *L)
+{
+    const run *r = L->r;
+    if (r->elastic && r->mode == CT_FSDP_FULL_SHARD && !L->start) return dist_save(L->r, L->ft);
+    return 0;
+}
+
+static void dist_start_records(loop *L, const char *event)
+{
+    const run *r = L->r;
+    metrics_line(L->mf, json_pack("{s:s, s:I, s:I, s:s, s:i, s:I, s:I, s:i}", "event", event,
+                                  "step", (json_int_t)L->start, "steps", (json_int_t)L->total,
+                                  "mode", ct_fsdp_mode_name(r->mode), "world_size", r->world,
+                                  "state_bytes", (json_int_t)L->fs.state_bytes, "block_bytes",
+                                  (json_int_t)L->fs.block_bytes, "prefetch", (int)r->prefetch));
+    metrics_line(L->mf, json_pack("{s:s, s:I}", "event", "setup", "mem_bytes",
+                                  (json_int_t)L->setup_mem.current_bytes));
+}
+
+static void dist_step_fields(const loop *L, json_t *j, double dt)
+{
+    json_object_set_new(j, "exposed_comm_s", json_real(L->fs.exposed_s));
+    json_object_set_new(j, "collective_s", json_real(L->fs.collective_s));
+    json_object_set_new(j, "exposed_comm_pct",
+                        json_real(dt > 0 ? 100 * L->fs.exposed_s / dt : 0.0));
+    json_object_set_new(j, "world_size", json_integer(L->r->world));
+}
+
+static void dist_progress(const loop *L, int64_t step, double dt, const ct_memory_stats_t *ms,
+                          char *buf, size_t n)
+{
+    snprintf(buf, n, "exposed comm %.0f%% | mem %.1f MiB | %d ranks",
+             dt > 0 ? 100 * L->fs.exposed_s / dt : 0.0, ms->current_bytes / 1048576.0,
+             L->r->world);
+}
+
+/* --elastic: a rank died or timed out: shrink to the survivors and go on (FSDP from the last
+ * committed checkpoint, DP from the surviving replicas); *step becomes the step resumed at. */
+static int dist_recover(loop *L, int64_t *step)
+{
+    run *r = L->r;
+    fprintf(stderr, "ctorch train: rank %d: step %lld failed (%s); shrinking\n", r->rank,
+            (long long)*step + 1, ct_last_error());
+    ct_comm *nw = NULL;
+    ct_status s = ct_comm_shrink(L->world, 0, &nw);
+    if (s) return cli_fail("train: --elastic shrink", s);
+    s = ct_fsdp_trainer_rebuild(L->ft, nw);
+    ct_comm_free(L->world);
+    L->world = nw;
+    if (!s && r->mode == CT_FSDP_FULL_SHARD) {
+        char latest[4200];
+        snprintf(latest, sizeof latest, "%s/latest", r->out);
+        s = ct_fsdp_trainer_load(L->ft, latest);
     }
-    if (r->resuming && (s = ct_fsdp_trainer_load(t, r->resume))) {
-        rc = cli_fail("train: --resume", s);
-        goto out;
-    }
-    const ct_train_options *o = &r->to;
-    int64_t total = o->steps;
-    int64_t stop = r->stop_at && r->stop_at < total ? r->stop_at : total;
-    int64_t start = ct_fsdp_trainer_step_count(t);
-    long long eval_every = r->eval_every >= 0 ? r->eval_every : (total >= 5 ? total / 5 : 1);
-    long long log_every = r->log_every > 0 ? r->log_every : (total >= 20 ? total / 20 : 1);
-    if (start >= stop) { /* every rank stops here; rank 0 says why */
-        if (r->rank == 0) nothing_left(r, start, stop, total);
-        goto out;
-    }
-    ct_fsdp_stats fs;
-    ct_fsdp_get_stats(ct_fsdp_trainer_model(t), &fs);
-    ct_memory_stats_t ms0;
-    ct_memory_stats(&ms0); /* what the set-up holds: model shards, activations, communicators */
-    if (r->rank == 0 && !r->quiet) {
-        fprintf(stderr,
-                "%s: %d ranks (%s backend), %lld rows each of a global batch %lld, ~%.2fM "
-                "parameters\n",
-                r->mode == CT_FSDP_FULL_SHARD ? "fsdp" : "dp", r->world,
-                ct_comm_backend_name(ct_comm_get_backend(world)), (long long)(o->batch / r->world),
-                (long long)o->batch, (double)fs.state_bytes / 16 * r->world / 1e6);
-        fprintf(stderr,
-                "memory per rank: training state %.1f MiB (parameters, gradients, AdamW), one "
-                "gathered block %.1f MiB\n",
-                fs.state_bytes / 1048576.0, fs.block_bytes / 1048576.0);
-        if (start) fprintf(stderr, "resumed from %s at step %lld\n", r->resume, (long long)start);
-    }
-    /* elastic FSDP recovers from the last committed checkpoint: make sure there is one */
-    if (r->elastic && r->mode == CT_FSDP_FULL_SHARD && !start && (rc = dist_save(r, t))) goto out;
-    FILE *mf = NULL;
+    if (s) return cli_fail("train: --elastic recovery", s);
+    int old = r->world;
+    r->rank = ct_comm_rank(L->world);
+    r->world = ct_comm_size(L->world);
+    *step = ct_fsdp_trainer_step_count(L->ft);
     if (r->rank == 0) {
-        mf = fopen(r->metrics, start ? "a" : "w");
-        if (!mf) {
-            fprintf(stderr, "ctorch train: cannot write '%s': %s\n", r->metrics, strerror(errno));
-            rc = 1;
-            goto out;
-        }
-        metrics_line(mf, json_pack("{s:s, s:I, s:I, s:s, s:i, s:I, s:I, s:i}", "event",
-                                   start ? "resume" : "start", "step", (json_int_t)start, "steps",
-                                   (json_int_t)total, "mode", ct_fsdp_mode_name(r->mode),
-                                   "world_size", r->world, "state_bytes",
-                                   (json_int_t)fs.state_bytes, "block_bytes",
-                                   (json_int_t)fs.block_bytes, "prefetch", (int)r->prefetch));
-        json_t *last = NULL;
-        (void)last;
-        metrics_line(mf, json_pack("{s:s, s:I}", "event", "setup", "mem_bytes",
-                                   (json_int_t)ms0.current_bytes));
+        if (!L->mf) L->mf = fopen(r->metrics, "a");
+        metrics_line(L->mf, json_pack("{s:s, s:I, s:i, s:i}", "event", "shrink", "step",
+                                      (json_int_t)*step, "world_size_before", old, "world_size",
+                                      r->world));
+        if (!r->quiet)
+            fprintf(stderr, "elastic: continuing with %d ranks from step %lld (%s)\n", r->world,
+                    (long long)*step,
+                    r->mode == CT_FSDP_FULL_SHARD ? "last committed checkpoint"
+                                                  : "surviving replicas");
     }
-    double t0 = now_s(), exposed_all = 0, coll_all = 0, step_all = 0;
-    int64_t tokens_run = 0;
-    float last_eval = NAN;
-    for (int64_t step = ct_fsdp_trainer_step_count(t); step < stop;) {
-        ct_train_step_info info;
-        ct_fsdp *f = ct_fsdp_trainer_model(t);
-        ct_fsdp_reset_stats(f);
-        double ts0 = now_s();
-        s = ct_fsdp_trainer_step(t, &info);
-        float el = NAN;
-        bool eval_now = !s && (info.step == stop || (eval_every && info.step % eval_every == 0));
-        if (!s && eval_now && r->n_eval) s = ct_fsdp_trainer_evaluate(t, &el);
-        if (!s && r->save_every && info.step % r->save_every == 0 && info.step != stop)
-        {
-            int src = dist_save(r, t); /* a rank lost during a save: elastic recovers too */
-            if (src) s = CT_EIO, rc = r->elastic ? 0 : src;
+    return 0;
+}
+
+/* per-rank peak tracked memory (a gather through a sum of one-hot slots) */
+static int dist_finish(loop *L, int rc, const ct_memory_stats_t *ms)
+{
+    run *r = L->r;
+    L->peaks = calloc((size_t)r->world, sizeof *L->peaks);
+    if (!rc && L->peaks) {
+        L->peaks[r->rank] = (double)ms->peak_bytes;
+        ct_status s = ct_fsdp_all_reduce_f64(ct_fsdp_trainer_model(L->ft), L->peaks, r->world);
+        if (s) rc = cli_fail("train: memory report", s);
+    }
+    return rc;
+}
+
+static void dist_end_fields(loop *L, json_t *end)
+{
+    const run *r = L->r;
+    json_t *pk = json_array();
+    for (int i = 0; L->peaks && i < r->world; i++)
+        json_array_append_new(pk, json_integer((json_int_t)L->peaks[i]));
+    json_object_set_new(end, "peak_mem_bytes_per_rank", pk);
+    json_object_set_new(end, "exposed_comm_pct",
+                        json_real(L->busy_s > 0 ? 100 * L->exposed_all / L->busy_s : 0.0));
+    json_object_set_new(end, "exposed_of_collective_pct",
+                        json_real(L->coll_all > 0 ? 100 * L->exposed_all / L->coll_all : 0.0));
+    json_object_set_new(end, "collective_s", json_real(L->coll_all));
+    json_object_set_new(end, "world_size", json_integer(r->world));
+    ct_fsdp_stats fs;
+    ct_fsdp_get_stats(ct_fsdp_trainer_model(L->ft), &fs);
+    json_object_set_new(end, "state_bytes", json_integer((json_int_t)fs.state_bytes));
+    json_object_set_new(end, "peak_gathered_bytes",
+                        json_integer((json_int_t)fs.peak_gathered_bytes));
+    /* of the last step's block computes, those with a collective issued and not waited */
+    json_object_set_new(end, "block_computes", json_integer((json_int_t)fs.block_computes));
+    json_object_set_new(end, "block_computes_overlapped",
+                        json_integer((json_int_t)fs.block_computes_overlapped));
+}
+
+static void dist_done(const loop *L, double wall, const ct_memory_stats_t *ms)
+{
+    const run *r = L->r;
+    fprintf(stderr,
+            "done: %lld steps (%.0f tokens/s), exposed comm %.1f%% of step time (%.1f%% of "
+            "collective time), peak tracked memory per rank:",
+            (long long)(dist_step_count(L) - L->start), wall > 0 ? L->tokens_run / wall : 0.0,
+            L->busy_s > 0 ? 100 * L->exposed_all / L->busy_s : 0.0,
+            L->coll_all > 0 ? 100 * L->exposed_all / L->coll_all : 0.0);
+    for (int i = 0; L->peaks && i < r->world; i++)
+        fprintf(stderr, " %.1f MiB", L->peaks[i] / 1048576.0);
+    fprintf(stderr, "\n");
+    if (!isnan(L->last_eval)) fprintf(stderr, "held-out loss %.4f\n", L->last_eval);
+}
+
+static void dist_free(loop *L)
+{
+    free(L->peaks);
+    ct_fsdp_trainer_free(L->ft);
+    ct_comm_free(L->world);
+    ct_store_free(L->store);
+    ct_store_server_free(L->srv);
+}
+
+static const loop_ops dist_ops = {
+    .open = dist_open,
+    .step_count = dist_step_count,
+    .step = dist_step,
+    .after_step = dist_after_step,
+    .evaluate = dist_evaluate,
+    .save = dist_save_loop,
+    .describe = dist_describe,
+    .begin = dist_begin,
+    .start_records = dist_start_records,
+    .step_fields = dist_step_fields,
+    .progress = dist_progress,
+    .recover = dist_recover,
+    .finish = dist_finish,
+    .end_fields = dist_end_fields,
+    .done = dist_done,
+    .free = dist_free,
+};
+
+/* A step's metrics record and progress lines (rank 0). */
+static void report_step(loop *L, const ct_train_step_info *info, double dt, double tnow, float el,
+                        bool show, const ct_memory_stats_t *ms)
+{
+    const run *r = L->r;
+    json_t *j =
+        json_pack("{s:I, s:f, s:f, s:f, s:I, s:f, s:f, s:I}", "step", (json_int_t)info->step,
+                  "loss", (double)info->loss, "lr", (double)info->lr, "grad_norm", info->grad_norm,
+                  "tokens", (json_int_t)info->tokens, "step_s", dt, "elapsed_s", tnow - L->t0,
+                  "mem_bytes", (json_int_t)ms->current_bytes);
+    L->ops->step_fields(L, j, dt);
+    if (!isnan(el)) json_object_set_new(j, "eval_loss", json_real(el));
+    metrics_line(L->mf, j);
+    if (r->quiet || !show) return;
+    char note[256];
+    L->ops->progress(L, info->step, dt, ms, note, sizeof note);
+    fprintf(stderr, "%sstep %*lld/%lld | loss %.4f | lr %.2e | %6.0f tok/s | %s%s",
+            L->tty ? "\r\033[K" : "", L->step_width, (long long)info->step, (long long)L->total,
+            info->loss, info->lr, L->tokens_run / (tnow - L->t0), note, L->tty ? "" : "\n");
+    if (!isnan(el)) {
+        if (L->floor_notes)
+            fprintf(stderr,
+                    "%sheld-out loss %.4f at step %lld (floor %.4f, unigram %.4f: %.0f%% of the "
+                    "way to the floor)\n",
+                    L->tty ? "\n" : "", el, (long long)info->step, r->ent.rate, r->ent.unigram,
+                    progress_to_floor(r, el));
+        else
+            fprintf(stderr, "%sheld-out loss %.4f at step %lld\n", L->tty ? "\n" : "", el,
+                    (long long)info->step);
+    }
+    fflush(stderr);
+}
+
+/* The steps from the trainer's step to --stop-at (or --steps), then the last checkpoint, the
+ * end record, the plot and the summary. */
+static int train_steps(loop *L)
+{
+    run *r = L->r;
+    const loop_ops *ops = L->ops;
+    L->total = r->to.steps;
+    L->stop = r->stop_at && r->stop_at < L->total ? r->stop_at : L->total;
+    L->start = ops->step_count(L);
+    long long eval_every = r->eval_every >= 0 ? r->eval_every : (L->total >= 5 ? L->total / 5 : 1);
+    long long log_every = r->log_every > 0 ? r->log_every : (L->total >= 20 ? L->total / 20 : 1);
+    if (L->start >= L->stop) { /* every rank stops here; rank 0 says why */
+        if (r->rank == 0) nothing_left(r, L->start, L->stop, L->total);
+        return 0;
+    }
+    if (r->rank == 0 && !r->quiet) {
+        ops->describe(L);
+        if (L->start)
+            fprintf(stderr, "resumed from %s at step %lld\n", r->resume, (long long)L->start);
+    }
+    int rc = ops->begin ? ops->begin(L) : 0;
+    if (rc) return rc;
+    if (r->rank == 0) {
+        if (!(L->mf = fopen(r->metrics, L->start ? "a" : "w"))) {
+            fprintf(stderr, "ctorch train: cannot write '%s': %s\n", r->metrics, strerror(errno));
+            return 1;
         }
-        if (s && r->elastic && !rc) {
-            /* a rank died or timed out: shrink to the survivors and go on */
-            if (r->rank == 0 || 1)
-                fprintf(stderr, "ctorch train: rank %d: step %lld failed (%s); shrinking\n",
-                        r->rank, (long long)step + 1, ct_last_error());
-            ct_comm *nw = NULL;
-            ct_status ss = ct_comm_shrink(world, 0, &nw);
-            if (ss) {
-                rc = cli_fail("train: --elastic shrink", ss);
-                break;
-            }
-            ss = ct_fsdp_trainer_rebuild(t, nw);
-            ct_comm_free(world);
-            world = nw;
-            if (!ss && r->mode == CT_FSDP_FULL_SHARD) {
-                char *latest = NULL;
-                size_t ln = strlen(r->out) + 16;
-                latest = malloc(ln);
-                snprintf(latest, ln, "%s/latest", r->out);
-                ss = ct_fsdp_trainer_load(t, latest);
-                free(latest);
-            }
-            if (ss) {
-                rc = cli_fail("train: --elastic recovery", ss);
-                break;
-            }
-            int old = r->world;
-            r->rank = ct_comm_rank(world);
-            r->world = ct_comm_size(world);
-            step = ct_fsdp_trainer_step_count(t);
-            if (r->rank == 0) {
-                if (!mf) mf = fopen(r->metrics, "a");
-                metrics_line(mf, json_pack("{s:s, s:I, s:i, s:i}", "event", "shrink", "step",
-                                           (json_int_t)step, "world_size_before", old,
-                                           "world_size", r->world));
-                if (!quiet0)
-                    fprintf(stderr, "elastic: continuing with %d ranks from step %lld (%s)\n",
-                            r->world, (long long)step,
-                            r->mode == CT_FSDP_FULL_SHARD ? "last committed checkpoint"
-                                                          : "surviving replicas");
-            }
+        ops->start_records(L, L->start ? "resume" : "start");
+    }
+    L->t0 = now_s();
+    for (int64_t step = L->start; step < L->stop;) {
+        ct_train_step_info info;
+        const char *what = "train: step";
+        float el = NAN;
+        double ts0 = now_s();
+        ct_status s = ops->step(L, &info);
+        double tnow = now_s(), dt = tnow - ts0;
+        bool eval_now = !s && (info.step == L->stop || (eval_every && info.step % eval_every == 0));
+        bool log_now = !s && (info.step == L->stop || info.step % log_every == 0);
+        ct_memory_stats_t ms;
+        ct_memory_stats(&ms);
+        if (!s) ops->after_step(L, dt, L->tty || log_now || eval_now);
+        if (!s && eval_now && r->n_eval) {
+            what = "train: evaluation";
+            s = ops->evaluate(L, &el);
+        }
+        if (!s && r->save_every && info.step % r->save_every == 0 && info.step != L->stop) {
+            int src = ops->save(L); /* a rank lost during a save: --elastic recovers too */
+            if (src) s = CT_EIO, rc = src;
+        }
+        if (s && r->elastic && ops->recover) {
+            if ((rc = ops->recover(L, &step))) break;
             continue;
         }
         if (s) {
-            if (!rc) rc = cli_fail("train: step", s);
+            if (!rc) rc = cli_fail(what, s);
             break;
         }
         step = info.step;
-        double dt = now_s() - ts0;
-        ct_fsdp_get_stats(ct_fsdp_trainer_model(t), &fs);
-        exposed_all += fs.exposed_s, coll_all += fs.collective_s, step_all += dt;
-        tokens_run += info.tokens;
-        ct_memory_stats_t ms;
-        ct_memory_stats(&ms);
-        if (!isnan(el)) last_eval = el;
-        if (r->rank == 0) {
-            json_t *j = json_pack(
-                "{s:I, s:f, s:f, s:f, s:I, s:f, s:f, s:I, s:f, s:f, s:f}", "step",
-                (json_int_t)info.step, "loss", (double)info.loss, "lr", (double)info.lr,
-                "grad_norm", info.grad_norm, "tokens", (json_int_t)info.tokens, "step_s", dt,
-                "elapsed_s", now_s() - t0, "mem_bytes", (json_int_t)ms.current_bytes,
-                "exposed_comm_s", fs.exposed_s, "collective_s", fs.collective_s,
-                "exposed_comm_pct", dt > 0 ? 100 * fs.exposed_s / dt : 0.0);
-            json_object_set_new(j, "world_size", json_integer(r->world));
-            if (!isnan(el)) json_object_set_new(j, "eval_loss", json_real(el));
-            metrics_line(mf, j);
-            bool log_now = info.step == stop || info.step % log_every == 0;
-            if (!r->quiet && (log_now || eval_now)) {
-                fprintf(stderr,
-                        "step %lld/%lld | loss %.4f | lr %.2e | %6.0f tok/s | exposed comm %.0f%% "
-                        "| mem %.1f MiB | %d ranks\n",
-                        (long long)info.step, (long long)total, info.loss, info.lr,
-                        tokens_run / (now_s() - t0), dt > 0 ? 100 * fs.exposed_s / dt : 0.0,
-                        ms.current_bytes / 1048576.0, r->world);
-                if (!isnan(el)) fprintf(stderr, "held-out loss %.4f at step %lld\n", el, (long long)info.step);
-            }
-        }
+        L->steps_run++;
+        L->tokens_run += info.tokens;
+        L->busy_s += dt;
+        if (eval_now && r->n_eval) L->last_eval = el;
+        if (r->rank == 0) report_step(L, &info, dt, tnow, el, L->tty || log_now || eval_now, &ms);
     }
-    if (!rc) rc = dist_save(r, t);
-    /* per-rank peak tracked memory (a gather through a sum of one-hot slots) */
-    double *peaks = calloc((size_t)r->world, sizeof *peaks);
+    if (!rc) rc = ops->save(L);
     ct_memory_stats_t ms;
     ct_memory_stats(&ms);
-    if (!rc && peaks) {
-        peaks[r->rank] = (double)ms.peak_bytes;
-        if ((s = ct_fsdp_all_reduce_f64(ct_fsdp_trainer_model(t), peaks, r->world)))
-            rc = cli_fail("train: memory report", s);
+    if (ops->finish) rc = ops->finish(L, rc, &ms);
+    if (r->rank != 0 || !L->mf) return rc;
+    double wall = now_s() - L->t0;
+    json_t *end = json_pack("{s:s, s:I, s:f, s:f, s:I}", "event", "end", "step",
+                            (json_int_t)ops->step_count(L), "wall_s", wall, "tokens_per_s",
+                            wall > 0 ? L->tokens_run / wall : 0.0, "peak_mem_bytes",
+                            (json_int_t)ms.peak_bytes);
+    if (ops->end_fields) ops->end_fields(L, end);
+    if (!isnan(L->last_eval)) json_object_set_new(end, "eval_loss", json_real(L->last_eval));
+    metrics_line(L->mf, end);
+    fclose(L->mf);
+    L->mf = NULL;
+    if (!rc) rc = plot(r);
+    if (!rc && !r->quiet) {
+        if (L->tty) fputc('\n', stderr);
+        ops->done(L, wall, &ms);
+        fprintf(stderr, "wrote %s, %s, %s\n", L->saved, r->metrics, r->svg);
     }
-    if (r->rank == 0 && mf) {
-        double wall = now_s() - t0;
-        json_t *pk = json_array();
-        for (int i = 0; peaks && i < r->world; i++)
-            json_array_append_new(pk, json_integer((json_int_t)peaks[i]));
-        json_t *end = json_pack(
-            "{s:s, s:I, s:f, s:f, s:I, s:o, s:f, s:f, s:f, s:i}", "event", "end", "step",
-            (json_int_t)ct_fsdp_trainer_step_count(t), "wall_s", wall, "tokens_per_s",
-            wall > 0 ? tokens_run / wall : 0.0, "peak_mem_bytes", (json_int_t)ms.peak_bytes,
-            "peak_mem_bytes_per_rank", pk, "exposed_comm_pct",
-            step_all > 0 ? 100 * exposed_all / step_all : 0.0, "exposed_of_collective_pct",
-            coll_all > 0 ? 100 * exposed_all / coll_all : 0.0, "collective_s", coll_all,
-            "world_size", r->world);
-        ct_fsdp_get_stats(ct_fsdp_trainer_model(t), &fs);
-        json_object_set_new(end, "state_bytes", json_integer((json_int_t)fs.state_bytes));
-        json_object_set_new(end, "peak_gathered_bytes",
-                            json_integer((json_int_t)fs.peak_gathered_bytes));
-        /* of the last step's block computes, those with a collective issued and not waited */
-        json_object_set_new(end, "block_computes", json_integer((json_int_t)fs.block_computes));
-        json_object_set_new(end, "block_computes_overlapped",
-                            json_integer((json_int_t)fs.block_computes_overlapped));
-        if (!isnan(last_eval)) json_object_set_new(end, "eval_loss", json_real(last_eval));
-        metrics_line(mf, end);
-        fclose(mf);
-        mf = NULL;
-        if (!rc) rc = plot(r);
-        if (!rc && !r->quiet) {
-            fprintf(stderr,
-                    "done: %lld steps (%.0f tokens/s), exposed comm %.1f%% of step time (%.1f%% "
-                    "of collective time), peak tracked memory per rank:",
-                    (long long)(ct_fsdp_trainer_step_count(t) - start),
-                    wall > 0 ? tokens_run / wall : 0.0,
-                    step_all > 0 ? 100 * exposed_all / step_all : 0.0,
-                    coll_all > 0 ? 100 * exposed_all / coll_all : 0.0);
-            for (int i = 0; peaks && i < r->world; i++)
-                fprintf(stderr, " %.1f MiB", peaks[i] / 1048576.0);
-            fprintf(stderr, "\n");
-            if (!isnan(last_eval)) fprintf(stderr, "held-out loss %.4f\n", last_eval);
-            fprintf(stderr, "wrote %s/latest, %s, %s\n", r->out, r->metrics, r->svg);
-        }
-    }
-    if (mf) fclose(mf);
-    free(peaks);
-out:
-    ct_fsdp_trainer_free(t);
-    ct_comm_free(world);
-    ct_store_free(store);
-    ct_store_server_free(srv);
+    return rc;
+}
+
+/* ctorch train's one loop, with the trainer of ops (single_ops or dist_ops). */
+static int train(run *r, const loop_ops *ops)
+{
+    loop L = {.r = r, .ops = ops, .cpu = NAN, .last_eval = NAN};
+    int rc = ops->open(&L);
+    if (!rc) rc = train_steps(&L);
+    if (L.mf) fclose(L.mf);
+    ops->free(&L);
     return rc;
 }
 
@@ -1792,7 +1934,7 @@ int cmd_train(int argc, char **argv)
     bool first_rank = !r.dist || !rk || !strcmp(rk, "0");
     if (!rc && !r.dump && !r.resuming && r.overwrite && first_rank) rc = remove_earlier_run(r.out);
     if (!rc && r.device) rc = open_device(&r);
-    if (!rc) rc = r.dump ? dump_grads(&r) : r.dist ? train_dist(&r) : train_loop(&r);
+    if (!rc) rc = r.dump ? dump_grads(&r) : train(&r, r.dist ? &dist_ops : &single_ops);
     if (r.dev) (void)ct_device_close(r.dev);
     if (r.resume == consolidated) unlink(consolidated);
     run_free(&r);
