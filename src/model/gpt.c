@@ -654,7 +654,7 @@ static ct_status prepare_mask(ct_gpt *m, int64_t B, int64_t T)
 }
 
 /* The dense attention of layer l through the device's sdpa slots (causal, or the [B, T, T]
- * mask of a window or documents). */
+ * mask of a window or documents): the backward's arguments. */
 static ct_attn_args dense_args(ct_gpt *m, int l, int64_t B, int64_t T)
 {
     const ct_gpt_config *c = &m->cfg;
@@ -666,23 +666,25 @@ static ct_attn_args dense_args(ct_gpt *m, int l, int64_t B, int64_t T)
     return a;
 }
 
-static ct_status attention_forward(ct_gpt *m, int l, int64_t B, int64_t T)
+/* The training attention of a block: io's q, k, v (after RoPE) -> att, keeping lse for the
+ * backward (dense: the device's sdpa slot; flex: the model's block mask and score_mod). */
+static ct_status attention_forward(const ct_gpt *m, const gpt_block_io *io)
 {
+    const ct_gpt_config *c = &m->cfg;
+    int64_t B = io->B, T = io->T, E = gpt_E(m), H = c->n_head, K = c->n_kv_head;
     if (m->opt.dense_attention) {
-        ct_attn_args a = dense_args(m, l, B, T);
+        ct_attn_args a = {B, T, H, K, E, 1.0f / sqrtf((float)E), io->q, io->k, io->v, io->att,
+                          io->lse, gpt_dense_mask(m) ? m->a.dmask : NULL, CT_DTYPE_F32};
         GPT_DEV(m, sdpa_fwd, &a);
         return CT_OK;
     }
-    const ct_gpt_config *c = &m->cfg; /* flex: the CPU (ct_gpt_create refuses it elsewhere) */
-    int64_t E = gpt_E(m), H = c->n_head, K = c->n_kv_head, N = B * T;
-    size_t lo = (size_t)l * (size_t)N;
-    ct_tensor q, k, v, o, lse;
-    CT_TRY(head_view(&q, m->a.q + lo * H * E, B, T, H, E));
-    CT_TRY(head_view(&k, m->a.k + lo * K * E, B, T, K, E));
-    CT_TRY(head_view(&v, m->a.v + lo * K * E, B, T, K, E));
-    CT_TRY(head_view(&o, m->a.att + lo * H * E, B, T, H, E));
+    ct_tensor q, k, v, o, lse; /* flex: the CPU (ct_gpt_create refuses it elsewhere) */
+    CT_TRY(head_view(&q, io->q, B, T, H, E));
+    CT_TRY(head_view(&k, io->k, B, T, K, E));
+    CT_TRY(head_view(&v, io->v, B, T, K, E));
+    CT_TRY(head_view(&o, io->att, B, T, H, E));
     int64_t ls[3] = {B, H, T};
-    CT_TRY(ct_tensor_wrap(&lse, m->a.lse + lo * H, CT_DTYPE_F32, 3, ls, NULL));
+    CT_TRY(ct_tensor_wrap(&lse, io->lse, CT_DTYPE_F32, 3, ls, NULL));
     ct_flex_options fo = ct_flex_options_default();
     fo.score_mod = m->user_score.fwd ? &m->user_score : NULL;
     return ct_flex_attention_forward(&q, &k, &v, m->bm, &fo, &o, &lse);
@@ -768,46 +770,101 @@ ct_status gpt_embed_forward(ct_gpt *m, int64_t B, int64_t T)
     return CT_OK;
 }
 
-/* Layer l: resid[l] -> resid[l + 1], keeping what its backward needs. Each matrix product
- * goes through gpt_layer_linear in the model's dtype (f32, or bf16 operands: gpt_bf16). */
+/* RoPE of x [B, T, heads, E] in place at the positions pos [T] (the KV cache): the host's
+ * kernel with the model's frequencies (for unscaled RoPE the values ct_rope_forward computes
+ * itself). Other devices have no slot for positions yet. */
+static ct_status rope_at(const ct_gpt *m, float *x, const int32_t *pos, int64_t B, int64_t T,
+                         int64_t heads)
+{
+    if (!gpt_host(m))
+        return ct_error(CT_EUNSUPPORTED, "ct_gpt: RoPE at given positions (the KV cache) is not "
+                                         "implemented on %s", ct_device_name(m->dev));
+    return ct_rope_forward_freqs(x, x, pos, B, T, heads, gpt_E(m), m->inv_freq);
+}
+
+/* One product of the block: the model's dtype (gpt_layer_input / gpt_layer_linear), or, for
+ * the KV cache, f32 through gpt_linear with its GEMV. */
+static ct_status block_input(const ct_gpt *m, const gpt_block_io *io, const float *x, int64_t n,
+                             gpt_input *in)
+{
+    if (!io->kv) return gpt_layer_input(m, x, n, in);
+    *in = (gpt_input){x, NULL};
+    return CT_OK;
+}
+
+static ct_status block_linear(const ct_gpt *m, const gpt_block_io *io, float *out, int64_t ldo,
+                              gpt_input x, const float *w, gpt_half h, const float *bias,
+                              int64_t N, int64_t D, int64_t V, bool accumulate)
+{
+    if (!io->kv) return gpt_layer_linear(m, out, ldo, x, w, h, bias, N, D, V, accumulate);
+    if (!gpt_host(m))
+        return ct_error(CT_EUNSUPPORTED, "ct_gpt: the KV cache's products run on the CPU, not %s",
+                        ct_device_name(m->dev));
+    return gpt_linear(out, ldo, x.f, w, h, bias, N, D, V, accumulate, true);
+}
+
+ct_status gpt_block_run(const ct_gpt *m, const gpt_layer *w, const gpt_block_io *io)
+{
+    const ct_gpt_config *c = &m->cfg;
+    int64_t B = io->B, T = io->T, N = B * T, C = c->d_model, E = gpt_E(m), H = c->n_head;
+    int64_t K = c->n_kv_head, HE = H * E, KE = K * E, F = c->d_ff;
+    gpt_input in;
+    /* attention block: x2 = x + attention(rope(q), rope(k), v) wo^T */
+    GPT_DEV(m, rmsnorm_fwd, io->ln1, io->rstd1, io->x, w->norm1, N, C, c->norm_eps);
+    CT_TRY(block_input(m, io, io->ln1, N * C, &in));
+    CT_TRY(block_linear(m, io, io->q, HE, in, w->wq, w->hq, w->bq, N, C, HE, false));
+    CT_TRY(block_linear(m, io, io->k, KE, in, w->wk, w->hk, w->bk, N, C, KE, false));
+    CT_TRY(block_linear(m, io, io->v, KE, in, w->wv, w->hv, w->bv, N, C, KE, false));
+    if (io->pos) {
+        CT_TRY(rope_at(m, io->q, io->pos, B, T, H));
+        CT_TRY(rope_at(m, io->k, io->pos, B, T, K));
+    } else {
+        CT_TRY(gpt_rope(m, io->q, B, T, H, false));
+        CT_TRY(gpt_rope(m, io->k, B, T, K, false));
+    }
+    if (io->kv)
+        CT_TRY(gpt_kv_attention(m, io->kv, io->q, io->k, io->v, io->att, B, T));
+    else
+        CT_TRY(attention_forward(m, io));
+    if (io->x2 != io->x) CT_TRY(ct_dev_d2d(m->dev, io->x2, io->x, (size_t)(N * C) * sizeof(float)));
+    CT_TRY(block_input(m, io, io->att, N * HE, &in));
+    CT_TRY(block_linear(m, io, io->x2, C, in, w->wo, w->ho, NULL, N, HE, C, true));
+    if (w->bo) GPT_DEV(m, bias_add_rows, io->x2, w->bo, N, C);
+    /* MLP block: out = x2 + swiglu(rmsnorm(x2) w_gate_up^T) w_down^T */
+    GPT_DEV(m, rmsnorm_fwd, io->ln2, io->rstd2, io->x2, w->norm2, N, C, c->norm_eps);
+    CT_TRY(block_input(m, io, io->ln2, N * C, &in));
+    if (!w->hgu.p && !w->hup.p && w->wup == w->wgu + F * C) { /* one product on [2F, C] */
+        CT_TRY(block_linear(m, io, io->gu, 2 * F, in, w->wgu, w->hgu, NULL, N, C, 2 * F, false));
+    } else { /* gate and up held apart (weights mapped from a file: f32 only) */
+        CT_TRY(block_linear(m, io, io->gu, 2 * F, in, w->wgu, w->hgu, NULL, N, C, F, false));
+        CT_TRY(block_linear(m, io, io->gu + F, 2 * F, in, w->wup, w->hup, NULL, N, C, F, false));
+    }
+    GPT_DEV(m, swiglu_fwd, io->h, io->gu, N, F);
+    if (io->out != io->x2)
+        CT_TRY(ct_dev_d2d(m->dev, io->out, io->x2, (size_t)(N * C) * sizeof(float)));
+    CT_TRY(block_input(m, io, io->h, N * F, &in));
+    return block_linear(m, io, io->out, C, in, w->wdown, w->hdown, NULL, N, F, C, true);
+}
+
+/* Layer l: resid[l] -> resid[l + 1], keeping what its backward needs (the training mode of
+ * gpt_block_run on the activations of layer l). */
 ct_status gpt_block_forward(ct_gpt *m, int64_t l, int64_t B, int64_t T)
 {
     const ct_gpt_config *c = &m->cfg;
-    int64_t N = B * T, C = c->d_model, E = gpt_E(m), H = c->n_head, K = c->n_kv_head;
-    int64_t HE = H * E, KE = K * E, F = c->d_ff;
+    int64_t N = B * T, C = c->d_model, HE = c->n_head * gpt_E(m), KE = c->n_kv_head * gpt_E(m);
+    int64_t F = c->d_ff;
     gpt_acts *a = &m->a;
-    const gpt_layer *w = &m->w.layer[l];
     size_t lo = (size_t)l * (size_t)N;
-    float *x = a->resid + lo * C, *x2 = a->x2 + lo * C, *out = a->resid + (lo + N) * C;
-    float *ln1 = a->ln1 + lo * C, *ln2 = a->ln2 + lo * C, *q = a->q + lo * HE, *k = a->k + lo * KE;
-    float *v = a->v + lo * KE, *att = a->att + lo * HE, *gu = a->gu + lo * 2 * F, *h = a->hb + lo * F;
-    gpt_input in;
-    /* attention block: x2 = x + attention(rope(q), rope(k), v) wo^T */
-    GPT_DEV(m, rmsnorm_fwd, ln1, a->rstd1 + lo, x, w->norm1, N, C, c->norm_eps);
-    CT_TRY(gpt_layer_input(m, ln1, N * C, &in));
-    CT_TRY(gpt_layer_linear(m, q, HE, in, w->wq, w->hq, w->bq, N, C, HE, false));
-    CT_TRY(gpt_layer_linear(m, k, KE, in, w->wk, w->hk, w->bk, N, C, KE, false));
-    CT_TRY(gpt_layer_linear(m, v, KE, in, w->wv, w->hv, w->bv, N, C, KE, false));
-    CT_TRY(gpt_rope(m, q, B, T, H, false));
-    CT_TRY(gpt_rope(m, k, B, T, K, false));
-    CT_TRY(attention_forward(m, (int)l, B, T));
-    CT_TRY(ct_dev_d2d(m->dev, x2, x, (size_t)(N * C) * sizeof(float)));
-    CT_TRY(gpt_layer_input(m, att, N * HE, &in));
-    CT_TRY(gpt_layer_linear(m, x2, C, in, w->wo, w->ho, NULL, N, HE, C, true));
-    if (w->bo) GPT_DEV(m, bias_add_rows, x2, w->bo, N, C);
-    /* MLP block: out = x2 + swiglu(rmsnorm(x2) w_gate_up^T) w_down^T */
-    GPT_DEV(m, rmsnorm_fwd, ln2, a->rstd2 + lo, x2, w->norm2, N, C, c->norm_eps);
-    CT_TRY(gpt_layer_input(m, ln2, N * C, &in));
-    if (!w->hgu.p && !w->hup.p && w->wup == w->wgu + F * C) { /* one product on [2F, C] */
-        CT_TRY(gpt_layer_linear(m, gu, 2 * F, in, w->wgu, w->hgu, NULL, N, C, 2 * F, false));
-    } else { /* gate and up held apart (weights mapped from a file: f32 only) */
-        CT_TRY(gpt_layer_linear(m, gu, 2 * F, in, w->wgu, w->hgu, NULL, N, C, F, false));
-        CT_TRY(gpt_layer_linear(m, gu + F, 2 * F, in, w->wup, w->hup, NULL, N, C, F, false));
-    }
-    GPT_DEV(m, swiglu_fwd, h, gu, N, F);
-    CT_TRY(ct_dev_d2d(m->dev, out, x2, (size_t)(N * C) * sizeof(float)));
-    CT_TRY(gpt_layer_input(m, h, N * F, &in));
-    return gpt_layer_linear(m, out, C, in, w->wdown, w->hdown, NULL, N, F, C, true);
+    gpt_block_io io = {
+        .B = B, .T = T,
+        .x = a->resid + lo * C, .x2 = a->x2 + lo * C, .out = a->resid + (lo + N) * C,
+        .ln1 = a->ln1 + lo * C, .rstd1 = a->rstd1 + lo, .ln2 = a->ln2 + lo * C,
+        .rstd2 = a->rstd2 + lo,
+        .q = a->q + lo * HE, .k = a->k + lo * KE, .v = a->v + lo * KE, .att = a->att + lo * HE,
+        .gu = a->gu + lo * 2 * F, .h = a->hb + lo * F,
+        .lse = a->lse + lo * c->n_head, .pos = NULL, .kv = NULL,
+    };
+    return gpt_block_run(m, &m->w.layer[l], &io);
 }
 
 /* The final norm of the last layer's output into lnf. */

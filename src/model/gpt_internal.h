@@ -125,7 +125,7 @@ typedef struct gpt_input {
 } gpt_input;
 /* The input x [n values] of the products that follow: bf16 rounds it into m->a.xb (valid
  * until the next call), f32 only points at it. */
-ct_status gpt_layer_input(ct_gpt *m, const float *x, int64_t n, gpt_input *in);
+ct_status gpt_layer_input(const ct_gpt *m, const float *x, int64_t n, gpt_input *in);
 /* out[N, V] (row stride ldo) = x W^T (+ out when accumulate) + bias (may be NULL), W [V, D]
  * the matrix w of the model (h: its mapped bits, f32 only). */
 ct_status gpt_layer_linear(const ct_gpt *m, float *out, int64_t ldo, gpt_input x, const float *w,
@@ -200,6 +200,54 @@ ct_status gpt_head_loss(ct_gpt *m, int64_t B, int64_t T, float *loss); /* w.out 
 ct_status gpt_head_backward(ct_gpt *m, int64_t B, int64_t T, float grad_scale, float *loss);
 ct_status gpt_block_backward(ct_gpt *m, int64_t l, int64_t B, int64_t T); /* -> g.layer[l] */
 ct_status gpt_embed_backward(ct_gpt *m, int64_t B, int64_t T);            /* -> g.emb */
+
+/* ---- one block forward for the trainer and the KV cache -------------------------------------
+ * gpt_block_run is the only forward of a block (rmsnorm, q / k / v products, RoPE, attention,
+ * wo, rmsnorm, gate-up, SwiGLU, down): gpt_block_forward runs it on the training activations of
+ * layer l, the KV cache (src/model/kvcache.c) on its chunk scratch. `io` says where each
+ * intermediate lives and which attention runs:
+ * - training (kv NULL): attention over the batch (FlexAttention with the model's block mask,
+ *   or the device's sdpa slot), writing lse for the backward; products through
+ *   gpt_layer_linear in the model's dtype.
+ * - cached (kv set): k and v appended to the cache at positions kv->past .. past + T - 1 of
+ *   every row, then attention of the T new queries over positions 0 .. past + T - 1
+ *   (gpt_kv_attention); products f32 through gpt_linear (its GEMV for B T <= GPT_GEMV_MAX
+ *   rows: the decode; mapped half weights read in place), whatever the model's dtype.
+ * x2 and out may equal x (the residual updated in place); a separate x2 / out receives a copy
+ * of its input first. Every op goes through the device table except three host-only parts of
+ * the cached mode: RoPE at given positions (the rope slot takes positions 0 .. T-1 only), the
+ * gpt_linear products and gpt_kv_attention's decode / flex attention. A cache on another
+ * device needs slots for those (and its memory), not another block forward. */
+typedef struct gpt_kv {
+    float *k, *v;            /* this layer's cache [B][max_len][Hkv E], a row's positions
+                                contiguous */
+    const int32_t *doc;      /* [B][max_len] document ids of the cached tokens (NULL: none) */
+    int64_t max_len, past;   /* positions a row holds; the first position of this call */
+    const ct_block_mask *bm; /* FlexAttention over the cache (past + T keys, the cache's mask);
+                                NULL: the decode pass (a few queries) */
+} gpt_kv;
+
+typedef struct gpt_block_io {
+    int64_t B, T;              /* B rows of T positions: N = B T rows of activations */
+    float *x, *x2, *out;       /* [N, C]: input, after attention, after the MLP */
+    float *ln1, *rstd1, *ln2, *rstd2; /* [N, C], [N] each */
+    float *q, *k, *v, *att;    /* [N, H E], [N, Hkv E], [N, Hkv E], [N, H E] */
+    float *gu, *h;             /* [N, 2F], [N, F] */
+    const int32_t *pos;        /* [T] RoPE positions (NULL: 0 .. T-1) */
+    float *lse;                /* training: [B, H, T] the attention's log-sum-exp (NULL: cached) */
+    const gpt_kv *kv;          /* NULL: training attention; else the cached attention */
+} gpt_block_io;
+
+/* One block forward with the weights w (see above). */
+ct_status gpt_block_run(const ct_gpt *m, const gpt_layer *w, const gpt_block_io *io);
+
+/* The cached attention of one block (src/model/kvcache.c): append k, v [B, T, Hkv, E] to the
+ * cache kv at positions past .. past + T - 1, then att [B, T, H, E] = attention of q [B, T, H,
+ * E] over the cache (causal from position past, the model's window and document mask): the
+ * decode pass when kv->bm is NULL, FlexAttention with kv->bm otherwise. Host memory only
+ * today (a cache on a GPU would add a decode-attention slot here). */
+ct_status gpt_kv_attention(const ct_gpt *m, const gpt_kv *kv, const float *q, const float *k,
+                           const float *v, float *att, int64_t B, int64_t T);
 
 /* The trainer's data order (train.c): the next micro-batch of B windows of T + 1 tokens from
  * position *pos, starting a new epoch at a random offset in [0, T) when the stream runs out. */

@@ -305,7 +305,7 @@ ct_status gpt_linear_bf16(float *out, int64_t ldo, const uint16_t *xb, const ct_
 
 /* ---- one product of a layer in the model's dtype -------------------------------------------- */
 
-ct_status gpt_layer_input(ct_gpt *m, const float *x, int64_t n, gpt_input *in)
+ct_status gpt_layer_input(const ct_gpt *m, const float *x, int64_t n, gpt_input *in)
 {
     in->f = x;
     in->b = NULL;

@@ -4,9 +4,11 @@
  * Layout (one allocation): keys then values, each [L][B][max_len][Hkv E] (a row's positions
  * are contiguous, so a layer's cache is a [B, Hkv, S, E] strided view for FlexAttention),
  * document ids and tokens [B][max_len], and the scratch of one chunk of
- * at most `chunk` positions per row. Each chunk runs the layers of src/model/gpt.c on B * n
- * rows; attention reads the cached keys through a mask that offsets the query positions by
- * the cached length (causal, the sliding window, and the document mask). */
+ * at most `chunk` positions per row. Each chunk runs the model's own block forward
+ * (gpt_block_run of src/model/gpt.c, in its cached mode) on B * n rows, in place on the chunk's
+ * residual; its attention is gpt_kv_attention below: the new keys and values appended, then
+ * the queries attend the cached keys through a mask that offsets the query positions by the
+ * cached length (causal, the sliding window, and the document mask). */
 #include "model/gpt_internal.h"
 
 #include <math.h>
@@ -62,36 +64,6 @@ static ct_block_kind mask_block(void *ctx, int64_t b, int64_t h, int64_t q0, int
     return c->doc ? CT_BLOCK_UNKNOWN : CT_BLOCK_FULL;
 }
 
-/* RoPE of x [B, n, heads, E] in place at the given positions, as the model's forward does. */
-static ct_status rope(const ct_gpt *m, float *x, const int32_t *pos, int64_t B, int64_t n,
-                      int64_t heads)
-{
-    const ct_gpt_config *c = &m->cfg;
-    if (c->rope_scaling == CT_ROPE_SCALING_NONE)
-        return ct_rope_forward(x, x, pos, B, n, heads, gpt_E(m), c->rope_base);
-    return ct_rope_forward_freqs(x, x, pos, B, n, heads, gpt_E(m), m->inv_freq);
-}
-
-/* x[r, :] += b for each of N rows of C (the order of the model's forward). */
-static void add_rows(float *x, const float *b, int64_t N, int64_t C)
-{
-    for (int64_t r = 0; r < N; r++)
-        for (int64_t j = 0; j < C; j++)
-            x[r * C + j] += b[j];
-}
-
-/* ---- linear layers -------------------------------------------------------------------------
- * out[N, V] (row stride ldo) = inp W^T (+ out when accumulate) + bias: gpt_linear with its
- * GEMV for N <= DECODE_MAX (8 partial sums per weight row in a fixed order, rows split across
- * threads: a single-row sgemm would re-pack the whole weight matrix on every call), reading
- * bf16 / f16 weights of a mapped model directly; more rows: ct_gemm_f32 (panels of half
- * weights widened in a bounded scratch). */
-static ct_status linear(float *out, int64_t ldo, const float *inp, const float *w, gpt_half h,
-                        const float *bias, int64_t N, int64_t D, int64_t V, bool accumulate)
-{
-    return gpt_linear(out, ldo, inp, w, h, bias, N, D, V, accumulate, true);
-}
-
 /* ---- attention of a few new positions (decode) ----------------------------------------------
  * For n <= DECODE_MAX queries per row, a direct pass per (row, head, query) over its visible
  * keys with an online softmax beats FlexAttention's query tiles (mostly empty for one query).
@@ -99,32 +71,32 @@ static ct_status linear(float *out, int64_t ldo, const float *inp, const float *
 #define DECODE_MAX_E 1024 /* head dims up to this (in double) */
 
 typedef struct decode_job {
-    const ct_gpt_cache *c;
-    const float *q, *kc, *vc; /* q [B, n, H, E]; this layer's cache [B, max_len, K, E] */
-    float *out;               /* [B, n, H, E] */
-    int64_t n;
+    const gpt_kv *kv;
+    const float *q; /* [B, n, H, E] */
+    float *out;     /* [B, n, H, E] */
+    int64_t n, H, K, E, W;
     double scale;
 } decode_job;
 
 static void decode_rows(void *arg, int64_t r0, int64_t r1, int tid)
 {
     const decode_job *j = arg;
-    const ct_gpt_cache *c = j->c;
-    int64_t H = c->H, K = c->K, E = c->E, n = j->n, W = c->m->cfg.window;
+    const gpt_kv *kv = j->kv;
+    int64_t H = j->H, K = j->K, E = j->E, n = j->n, W = j->W, S = kv->max_len;
     double acc[DECODE_MAX_E];
     for (int64_t r = r0; r < r1; r++) {
         int64_t h = r % H, i = (r / H) % n, b = r / (H * n), kh = h / (H / K);
-        int64_t qp = c->len + i, lo = W && qp - W > 0 ? qp - W : 0;
+        int64_t qp = kv->past + i, lo = W && qp - W > 0 ? qp - W : 0;
         const float *q = j->q + ((b * n + i) * H + h) * E;
         float *o = j->out + ((b * n + i) * H + h) * E;
-        const int32_t *doc = c->m->opt.eos_token >= 0 ? c->doc + b * c->max_len : NULL;
+        const int32_t *doc = kv->doc ? kv->doc + b * S : NULL;
         double mx = -INFINITY, sum = 0;
         for (int64_t e = 0; e < E; e++)
             acc[e] = 0;
         for (int64_t p = lo; p <= qp; p++) {
             if (doc && doc[p] != doc[qp]) continue;
-            const float *k = j->kc + ((b * c->max_len + p) * K + kh) * E;
-            const float *v = j->vc + ((b * c->max_len + p) * K + kh) * E;
+            const float *k = kv->k + ((b * S + p) * K + kh) * E;
+            const float *v = kv->v + ((b * S + p) * K + kh) * E;
             double sc = 0;
             for (int64_t e = 0; e < E; e++)
                 sc += (double)q[e] * k[e];
@@ -144,6 +116,35 @@ static void decode_rows(void *arg, int64_t r0, int64_t r1, int tid)
         for (int64_t e = 0; e < E; e++)
             o[e] = sum > 0 ? (float)(acc[e] / sum) : 0.0f;
     }
+}
+
+ct_status gpt_kv_attention(const ct_gpt *m, const gpt_kv *kv, const float *q, const float *k,
+                           const float *v, float *att, int64_t B, int64_t n)
+{
+    const ct_gpt_config *cfg = &m->cfg;
+    int64_t H = cfg->n_head, K = cfg->n_kv_head, E = gpt_E(m), HE = H * E, KE = K * E;
+    int64_t S = kv->past + n;
+    if (!gpt_host(m)) /* a GPU cache: the appends below as they are, a decode-attention slot */
+        return ct_error(CT_EUNSUPPORTED, "ct_gpt_cache: the cached attention runs on the CPU, "
+                                         "not %s", ct_device_name(m->dev));
+    for (int64_t b = 0; b < B; b++) { /* append the new positions of every row */
+        size_t dst = (size_t)(b * kv->max_len + kv->past) * (size_t)KE, src = (size_t)(b * n * KE);
+        CT_TRY(ct_dev_d2d(m->dev, kv->k + dst, k + src, (size_t)(n * KE) * sizeof(float)));
+        CT_TRY(ct_dev_d2d(m->dev, kv->v + dst, v + src, (size_t)(n * KE) * sizeof(float)));
+    }
+    if (!kv->bm) {
+        decode_job dj = {kv, q, att, n, H, K, E, cfg->window, 1.0 / sqrt((double)E)};
+        ct_parallel_for(B * n * H, decode_rows, &dj);
+        return CT_OK;
+    }
+    ct_tensor tq, tk, tv, to;
+    int64_t qs[4] = {B, H, n, E}, qst[4] = {n * HE, E, HE, 1};
+    int64_t ks[4] = {B, K, S, E}, kst[4] = {kv->max_len * KE, E, KE, 1};
+    CT_TRY(ct_tensor_wrap(&tq, (float *)q, CT_DTYPE_F32, 4, qs, qst));
+    CT_TRY(ct_tensor_wrap(&to, att, CT_DTYPE_F32, 4, qs, qst));
+    CT_TRY(ct_tensor_wrap(&tk, kv->k, CT_DTYPE_F32, 4, ks, kst));
+    CT_TRY(ct_tensor_wrap(&tv, kv->v, CT_DTYPE_F32, 4, ks, kst));
+    return ct_flex_attention_forward(&tq, &tk, &tv, kv->bm, NULL, &to, NULL);
 }
 
 /* a * b * ... checked: false on overflow. */
@@ -263,8 +264,8 @@ static ct_status chunk_forward(ct_gpt_cache *c, int64_t n, bool all, float *logi
 {
     const ct_gpt *m = c->m;
     const ct_gpt_config *cfg = &m->cfg;
-    int64_t B = c->B, N = B * n, C = c->C, H = c->H, K = c->K, E = c->E, F = c->F, V = c->V;
-    int64_t HE = H * E, KE = K * E, S = c->len + n, past = c->len;
+    int64_t B = c->B, N = B * n, C = c->C, H = c->H, E = c->E, V = c->V;
+    int64_t KE = c->K * E, S = c->len + n, past = c->len;
     bool docs = m->opt.eos_token >= 0;
     for (int64_t i = 0; i < n; i++)
         c->pos[i] = (int32_t)(past + i);
@@ -282,58 +283,30 @@ static ct_status chunk_forward(ct_gpt_cache *c, int64_t n, bool all, float *logi
     c->mask = (cache_mask){docs ? c->doc : NULL, c->max_len, past, cfg->window};
     ct_mask_mod mm = {mask_tile, mask_block, &c->mask, NULL, docs, false};
     ct_block_mask *bm = NULL;
-    if (n > DECODE_MAX || E > DECODE_MAX_E) CT_TRY(ct_block_mask_create(&mm, B, H, n, S, S <= 256 ? 64 : 128, &bm));
+    if (n > DECODE_MAX || E > DECODE_MAX_E)
+        CT_TRY(ct_block_mask_create(&mm, B, H, n, S, S <= 256 ? 64 : 128, &bm));
     ct_status s = gpt_embed(c->x, c->tok, m->w.emb, m->w.hemb, N, V, C);
+    gpt_kv kv = {NULL, NULL, docs ? c->doc : NULL, c->max_len, past, bm};
+    gpt_block_io io = {.B = B, .T = n, .x = c->x, .x2 = c->x, .out = c->x, /* in place */
+                       .ln1 = c->ln, .rstd1 = c->rstd, .ln2 = c->ln, .rstd2 = c->rstd,
+                       .q = c->q, .k = c->k, .v = c->v, .att = c->att, .gu = c->gu, .h = c->hb,
+                       .lse = NULL, .pos = c->pos, .kv = &kv};
     for (int64_t l = 0; !s && l < c->L; l++) {
-        const gpt_layer *w = &m->w.layer[l];
-        float *kc = c->kc + (size_t)l * (size_t)(B * c->max_len * KE);
-        float *vc = c->vc + (size_t)l * (size_t)(B * c->max_len * KE);
-        if ((s = ct_rmsnorm_forward(c->ln, c->rstd, c->x, w->norm1, N, C, cfg->norm_eps)) ||
-            (s = linear(c->q, HE, c->ln, w->wq, w->hq, w->bq, N, C, HE, false)) ||
-            (s = linear(c->k, KE, c->ln, w->wk, w->hk, w->bk, N, C, KE, false)) ||
-            (s = linear(c->v, KE, c->ln, w->wv, w->hv, w->bv, N, C, KE, false)) ||
-            (s = rope(m, c->q, c->pos, B, n, H)) || (s = rope(m, c->k, c->pos, B, n, K)))
-            break;
-        for (int64_t b = 0; b < B; b++) {
-            size_t dst = (size_t)(b * c->max_len + past) * (size_t)KE, src = (size_t)(b * n * KE);
-            memcpy(kc + dst, c->k + src, (size_t)(n * KE) * sizeof(float));
-            memcpy(vc + dst, c->v + src, (size_t)(n * KE) * sizeof(float));
-        }
-        if (!bm) {
-            decode_job dj = {c, c->q, kc, vc, c->att, n, 1.0 / sqrt((double)E)};
-            ct_parallel_for(B * n * H, decode_rows, &dj);
-        }
-        ct_tensor tq, tk, tv, to;
-        int64_t qs[4] = {B, H, n, E}, qst[4] = {n * HE, E, HE, 1};
-        int64_t ks[4] = {B, K, S, E}, kst[4] = {c->max_len * KE, E, KE, 1};
-        if ((s = ct_tensor_wrap(&tq, c->q, CT_DTYPE_F32, 4, qs, qst)) ||
-            (s = ct_tensor_wrap(&to, c->att, CT_DTYPE_F32, 4, qs, qst)) ||
-            (s = ct_tensor_wrap(&tk, kc, CT_DTYPE_F32, 4, ks, kst)) ||
-            (s = ct_tensor_wrap(&tv, vc, CT_DTYPE_F32, 4, ks, kst)) ||
-            (bm && (s = ct_flex_attention_forward(&tq, &tk, &tv, bm, NULL, &to, NULL))) ||
-            (s = linear(c->x, C, c->att, w->wo, w->ho, NULL, N, HE, C, true)))
-            break;
-        if (w->bo) add_rows(c->x, w->bo, N, C);
-        if ((s = ct_rmsnorm_forward(c->ln, c->rstd, c->x, w->norm2, N, C, cfg->norm_eps)))
-            break;
-        if (!w->hgu.p && !w->hup.p && w->wup == w->wgu + F * C)
-            s = linear(c->gu, 2 * F, c->ln, w->wgu, w->hgu, NULL, N, C, 2 * F, false);
-        else if (!(s = linear(c->gu, 2 * F, c->ln, w->wgu, w->hgu, NULL, N, C, F, false)))
-            s = linear(c->gu + F, 2 * F, c->ln, w->wup, w->hup, NULL, N, C, F, false); /* apart */
-        if (s || (s = ct_swiglu_forward(c->hb, c->gu, N, F)) ||
-            (s = linear(c->x, C, c->hb, w->wdown, w->hdown, NULL, N, F, C, true)))
-            break;
+        kv.k = c->kc + (size_t)l * (size_t)(B * c->max_len * KE);
+        kv.v = c->vc + (size_t)l * (size_t)(B * c->max_len * KE);
+        s = gpt_block_run(m, &m->w.layer[l], &io);
     }
     ct_block_mask_free(bm);
     if (s) return s;
     CT_TRY(ct_rmsnorm_forward(c->ln, c->rstd, c->x, m->w.norm, N, C, cfg->norm_eps));
     for (int64_t b = 0; b < B; b++) {
         if (all)
-            CT_TRY(linear(logits + (size_t)(b * ld_rows + row0) * (size_t)V, V,
-                          c->ln + (size_t)(b * n * C), m->w.out, m->w.hout, NULL, n, C, V, false));
+            CT_TRY(gpt_linear(logits + (size_t)(b * ld_rows + row0) * (size_t)V, V,
+                              c->ln + (size_t)(b * n * C), m->w.out, m->w.hout, NULL, n, C, V,
+                              false, true));
         else if (logits)
-            CT_TRY(linear(logits + (size_t)(b * V), V, c->ln + (size_t)((b * n + n - 1) * C),
-                          m->w.out, m->w.hout, NULL, 1, C, V, false));
+            CT_TRY(gpt_linear(logits + (size_t)(b * V), V, c->ln + (size_t)((b * n + n - 1) * C),
+                              m->w.out, m->w.hout, NULL, 1, C, V, false, true));
     }
     c->len += n;
     return CT_OK;
