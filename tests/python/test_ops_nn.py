@@ -1,6 +1,9 @@
 """ctorch.torch.nn against PyTorch 2.13's own ops: forward values and gradients of gelu, silu,
 swiglu (F.silu(a) * b), rms_norm (F.rms_norm), layer_norm, and rope against transformers'
-LlamaRotaryEmbedding + apply_rotary_pos_emb (PyTorch has no RoPE op)."""
+LlamaRotaryEmbedding + apply_rotary_pos_emb (PyTorch has no RoPE op); ct_adamw_step against
+torch.optim.AdamW."""
+import ctypes
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -195,6 +198,62 @@ def test_norm_grads_deterministic_across_threads():
     for r in res[1:]:
         for a, b_ in zip(res[0], r):
             assert torch.equal(a, b_)
+
+
+# ---- AdamW ---------------------------------------------------------------------------------
+
+class _AdamWOptions(ctypes.Structure):
+    """ct_adamw_options (include/ctorch/optim.h): five floats."""
+    _fields_ = [("lr", ctypes.c_float), ("beta1", ctypes.c_float), ("beta2", ctypes.c_float),
+                ("eps", ctypes.c_float), ("weight_decay", ctypes.c_float)]
+
+
+def _ct_adamw(p, grads, lr, betas, eps, wd):
+    """ct_adamw_step over the flat f32 tensor p (updated in place), one step per gradient."""
+    lib = ctorch.lib
+    fp = ctypes.POINTER(ctypes.c_float)
+    lib.ct_adamw_step.argtypes = [fp, fp, fp, fp, ctypes.c_int64, ctypes.c_int64,
+                                  ctypes.POINTER(_AdamWOptions)]
+    m, v = torch.zeros_like(p), torch.zeros_like(p)
+    o = _AdamWOptions(lr, betas[0], betas[1], eps, wd)
+    ptr = lambda t: ctypes.cast(t.data_ptr(), fp)  # noqa: E731
+    for step, g in enumerate(grads, 1):
+        code = lib.ct_adamw_step(ptr(p), ptr(g), ptr(m), ptr(v), p.numel(), step, ctypes.byref(o))
+        assert code == 0, lib.ct_last_error().decode()
+    return p, m, v
+
+
+@pytest.mark.parametrize("n", [1, 13, 4099])
+def test_adamw_is_torch_adamw(isa, n):
+    """ct_adamw_step against torch.optim.AdamW (the single-tensor loop and fused=True) over 6
+    steps, with zero gradients among the elements; the AVX2 body gives the scalar body's bits
+    (the same IEEE operations per element: ops/optim_kernels.h)."""
+    lr, betas, eps, wd = 0.01, (0.9, 0.95), 1e-8, 0.1
+    p0 = _x(n, lo=-1, hi=1, seed=11)
+    grads = [_x(n, lo=-0.5, hi=0.5, seed=20 + s) for s in range(6)]
+    for g in grads:
+        g[::7] = 0
+    mine, m, v = _ct_adamw(p0.clone(), grads, lr, betas, eps, wd)
+    for fused in (False, True):
+        ref = p0.clone().requires_grad_(True)
+        opt = torch.optim.AdamW([ref], lr=lr, betas=betas, eps=eps, weight_decay=wd,
+                                foreach=False, fused=fused)
+        for g in grads:
+            ref.grad = g.clone()
+            opt.step()
+        st = opt.state[ref]
+        torch.testing.assert_close(mine, ref.detach(), atol=2e-7, rtol=2e-6)
+        torch.testing.assert_close(m, st["exp_avg"], atol=1e-8, rtol=2e-6)
+        torch.testing.assert_close(v, st["exp_avg_sq"], atol=1e-10, rtol=2e-6)
+    lib = ctorch.lib
+    old = lib.ct_active_isa()
+    try:
+        lib.ct_set_isa(0)
+        scalar = _ct_adamw(p0.clone(), grads, lr, betas, eps, wd)
+    finally:
+        lib.ct_set_isa(old)
+    for a, b in zip((mine, m, v), scalar):
+        assert torch.equal(a, b)
 
 
 # ---- RoPE ----------------------------------------------------------------------------------
