@@ -1205,16 +1205,15 @@ typedef struct loop loop;
 
 /* The calls that differ between the two trainers, chosen once (single_ops, dist_ops); the
  * schedule, evaluation cadence, saving, --stop-at, metrics records, progress lines, the end
- * record, the plot and the summary are train()'s alone. */
+ * record, the plot and the summary are train_steps()'s alone. */
 typedef struct loop_ops {
     int (*open)(loop *L); /* the trainer, its weights or the --resume checkpoint */
     int64_t (*step_count)(const loop *L);
     ct_status (*step)(loop *L, ct_train_step_info *info);
-    void (*after_step)(loop *L, double dt, bool report); /* every rank, a step done */
+    void (*after_step)(loop *L, double dt, bool report); /* a step done (NULL: nothing) */
     ct_status (*evaluate)(loop *L, float *loss);
     int (*save)(loop *L); /* the checkpoint: 0, or the exit status (its message printed) */
     void (*describe)(const loop *L); /* rank 0, not --quiet: the model and memory lines */
-    int (*begin)(loop *L);           /* before the first step (NULL: nothing) */
     void (*start_records)(loop *L, const char *event); /* metrics: the start / resume record */
     void (*step_fields)(const loop *L, json_t *j, double dt); /* a step record's own fields */
     void (*progress)(const loop *L, int64_t step, double dt, const ct_memory_stats_t *ms,
@@ -1238,7 +1237,7 @@ struct loop {
     ct_comm *world;
     ct_store_server *srv;
     ct_store *store;
-    ct_fsdp_stats fs;            /* the last step's */
+    ct_fsdp_stats fs;            /* the last step's (before its evaluation) */
     ct_memory_stats_t setup_mem; /* what the set-up holds: model shards, communicators */
     double exposed_all, coll_all;
     double *peaks; /* peak tracked memory per rank */
@@ -1447,6 +1446,9 @@ static int dist_open(loop *L)
     ct_fsdp_get_stats(ct_fsdp_trainer_model(L->ft), &L->fs);
     ct_memory_stats(&L->setup_mem);
     snprintf(L->saved, sizeof L->saved, "%s/latest", r->out);
+    /* elastic FSDP recovers from the last committed checkpoint: make sure there is one */
+    if (r->elastic && r->mode == CT_FSDP_FULL_SHARD && !ct_fsdp_trainer_step_count(L->ft))
+        return dist_save(r, L->ft);
     return 0;
 }
 
@@ -1457,14 +1459,14 @@ static int64_t dist_step_count(const loop *L)
 
 static ct_status dist_step(loop *L, ct_train_step_info *info)
 {
-    ct_fsdp_reset_stats(ct_fsdp_trainer_model(L->ft));
-    return ct_fsdp_trainer_step(L->ft, info);
-}
-
-static void dist_after_step(loop *L, double dt, bool report)
-{
-    ct_fsdp_get_stats(ct_fsdp_trainer_model(L->ft), &L->fs);
-    L->exposed_all += L->fs.exposed_s, L->coll_all += L->fs.collective_s;
+    ct_fsdp *f = ct_fsdp_trainer_model(L->ft);
+    ct_fsdp_reset_stats(f);
+    ct_status s = ct_fsdp_trainer_step(L->ft, info);
+    if (!s) {
+        ct_fsdp_get_stats(f, &L->fs);
+        L->exposed_all += L->fs.exposed_s, L->coll_all += L->fs.collective_s;
+    }
+    return s;
 }
 
 static ct_status dist_evaluate(loop *L, float *loss)
@@ -1491,14 +1493,6 @@ static void dist_describe(const loop *L)
             "memory per rank: training state %.1f MiB (parameters, gradients, AdamW), one "
             "gathered block %.1f MiB\n",
             L->fs.state_bytes / 1048576.0, L->fs.block_bytes / 1048576.0);
-}
-
-/* elastic FSDP recovers from the last committed checkpoint: make sure there is one */
-static int dist_begin(loop *L)
-{
-    const run *r = L->r;
-    if (r->elastic && r->mode == CT_FSDP_FULL_SHARD && !L->start) return dist_save(L->r, L->ft);
-    return 0;
 }
 
 static void dist_start_records(loop *L, const char *event)
@@ -1632,11 +1626,9 @@ static const loop_ops dist_ops = {
     .open = dist_open,
     .step_count = dist_step_count,
     .step = dist_step,
-    .after_step = dist_after_step,
     .evaluate = dist_evaluate,
     .save = dist_save_loop,
     .describe = dist_describe,
-    .begin = dist_begin,
     .start_records = dist_start_records,
     .step_fields = dist_step_fields,
     .progress = dist_progress,
@@ -1700,8 +1692,7 @@ static int train_steps(loop *L)
         if (L->start)
             fprintf(stderr, "resumed from %s at step %lld\n", r->resume, (long long)L->start);
     }
-    int rc = ops->begin ? ops->begin(L) : 0;
-    if (rc) return rc;
+    int rc = 0;
     if (r->rank == 0) {
         if (!(L->mf = fopen(r->metrics, L->start ? "a" : "w"))) {
             fprintf(stderr, "ctorch train: cannot write '%s': %s\n", r->metrics, strerror(errno));
@@ -1721,7 +1712,7 @@ static int train_steps(loop *L)
         bool log_now = !s && (info.step == L->stop || info.step % log_every == 0);
         ct_memory_stats_t ms;
         ct_memory_stats(&ms);
-        if (!s) ops->after_step(L, dt, L->tty || log_now || eval_now);
+        if (!s && ops->after_step) ops->after_step(L, dt, L->tty || log_now || eval_now);
         if (!s && eval_now && r->n_eval) {
             what = "train: evaluation";
             s = ops->evaluate(L, &el);
