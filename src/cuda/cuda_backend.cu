@@ -17,7 +17,10 @@
 #include "cuda/cuda_internal.cuh"
 
 #include <cuda_runtime.h>
+#include <mutex>
+#include <new>
 #include <stdarg.h>
+#include <unordered_map>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +66,9 @@ struct ct_backend {
     cudaStream_t stream;    /* the one stream every slot queues on */
     cudaMemPool_t pool;     /* this backend's stream-ordered pool */
     struct ctcu_gemm_state *gemm; /* cuda_gemm.cu's, NULL until the first GEMM */
+    ct_backend_host host;         /* the device's accounting (host.account NULL: none) */
+    std::mutex *scratch_mu;       /* guards scratch_sizes */
+    std::unordered_map<void *, size_t> *scratch_sizes; /* live scratch, for the accounting */
 };
 
 cudaStream_t ctcu_stream(ct_backend *b)
@@ -118,16 +124,44 @@ static int pool_alloc(ct_backend *b, size_t bytes, void **out, const char *what)
     return 0;
 }
 
+/* Scratch is counted with the device's buffers (ct_backend_host): refused past the device's
+ * limit, and its size kept until it is freed. */
 int ctcu_scratch(ct_backend *b, size_t bytes, void **out)
 {
     *out = NULL;
     if (bytes == 0) return 0;
-    return pool_alloc(b, bytes, out, "scratch");
+    if (b->host.account && b->host.account(b->host.ctx, (int64_t)bytes) != 0)
+        return ctcu_fail(CT_ENOMEM, "scratch of %zu bytes on cuda:%d would pass the device's memory limit",
+                         bytes, b->device);
+    int rc = pool_alloc(b, bytes, out, "scratch");
+    if (rc == 0 && b->host.account) {
+        try {
+            std::lock_guard<std::mutex> g(*b->scratch_mu);
+            (*b->scratch_sizes)[*out] = bytes;
+        } catch (...) {
+            (void)cudaFreeAsync(*out, b->stream);
+            *out = NULL;
+            rc = ctcu_fail(CT_ENOMEM, "scratch: out of host memory for its bookkeeping");
+        }
+    }
+    if (rc != 0 && b->host.account) b->host.account(b->host.ctx, -(int64_t)bytes);
+    return rc;
 }
 
 void ctcu_scratch_free(ct_backend *b, void *p)
 {
-    if (p) (void)cudaFreeAsync(p, b->stream);
+    if (!p) return;
+    (void)cudaFreeAsync(p, b->stream);
+    if (!b->host.account) return;
+    size_t bytes = 0;
+    {
+        std::lock_guard<std::mutex> g(*b->scratch_mu);
+        auto it = b->scratch_sizes->find(p);
+        if (it == b->scratch_sizes->end()) return;
+        bytes = it->second;
+        b->scratch_sizes->erase(it);
+    }
+    b->host.account(b->host.ctx, -(int64_t)bytes);
 }
 
 /* ---- device slots ----------------------------------------------------------------------------- */
@@ -181,7 +215,7 @@ static int attr(int *v, cudaDeviceAttr a, int dev, const char *what)
 
 static void cuda_close(ct_backend *b);
 
-static int cuda_open(int index, ct_backend **out)
+static int cuda_open(int index, const ct_backend_host *host, ct_backend **out)
 {
     *out = NULL;
     int n = 0, rc = cuda_count(&n);
@@ -223,6 +257,13 @@ static int cuda_open(int index, ct_backend **out)
     b->device = index;
     b->sm_count = sms;
     b->cc = major * 10 + minor;
+    if (host) b->host = *host;
+    b->scratch_mu = new (std::nothrow) std::mutex();
+    b->scratch_sizes = new (std::nothrow) std::unordered_map<void *, size_t>();
+    if (!b->scratch_mu || !b->scratch_sizes) {
+        rc = ctcu_fail(CT_ENOMEM, "cuda:%d: out of host memory for the backend context", index);
+        goto fail;
+    }
     if ((rc = ctcu_check(cudaSetDevice(index), "cudaSetDevice"))) goto fail;
     {
         size_t free_b = 0;
@@ -260,6 +301,8 @@ static void cuda_close(ct_backend *b)
     if (b->pool) (void)cudaMemPoolDestroy(b->pool);
     if (b->stream) (void)cudaStreamDestroy(b->stream);
     (void)cudaGetLastError();
+    delete b->scratch_sizes;
+    delete b->scratch_mu;
     free(b);
 }
 

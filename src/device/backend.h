@@ -49,6 +49,16 @@ extern "C" {
 
 typedef struct ct_backend ct_backend; /* a backend's own context for one device */
 
+/* What libctorch gives a backend at open: the device's accounting, so that the backend's own
+ * memory (scratch of the ops, the GEMM workspace) is counted with the device's buffers in
+ * ct_device_memory_stats and held to the device's limit. account(ctx, +bytes) before taking
+ * memory: non-zero means the limit would be passed (take nothing, answer CT_ENOMEM);
+ * account(ctx, -bytes) after giving it back (in stream order is fine). */
+typedef struct ct_backend_host {
+    void *ctx;
+    int (*account)(void *ctx, int64_t delta_bytes);
+} ct_backend_host;
+
 /* What a backend says of its device (describe). */
 typedef struct ct_backend_info {
     char name[128];          /* "NVIDIA H200" / the CPU's name */
@@ -86,7 +96,7 @@ typedef struct ct_backend_ops {
     /* ---- device ------------------------------------------------------------------------ */
     /* Number of devices of this kind (0 with the reason in last_error when none). */
     int (*count)(int *n);
-    int (*open)(int index, ct_backend **out);
+    int (*open)(int index, const ct_backend_host *host, ct_backend **out);
     void (*close)(ct_backend *b);
     const char *(*last_error)(void);
     int (*describe)(ct_backend *b, ct_backend_info *info);

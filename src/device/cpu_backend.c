@@ -20,7 +20,7 @@ static int cpu_count(int *n)
     return 0;
 }
 
-static int cpu_open(int index, ct_backend **out)
+static int cpu_open(int index, const ct_backend_host *host, ct_backend **out)
 {
     *out = NULL;
     return index == 0 ? 0 : ct_error(CT_EINVAL, "the CPU device has index 0, got %d", index);

@@ -28,6 +28,8 @@ struct ct_device {
     char name[24];
     char desc[320];
     _Atomic size_t current, peak, limit;
+    _Atomic size_t backend_bytes; /* of current: the backend's own scratch and workspaces */
+    ct_backend_host host;
     _Atomic uint64_t allocs, frees;
 };
 
@@ -168,6 +170,37 @@ static const ct_backend_ops *cuda_backend(void)
     return cuda_ops;
 }
 
+/* Count `want` more bytes on d (0) or refuse them past its limit (CT_ENOMEM, nothing counted). */
+static int count_in(ct_device *d, size_t want, size_t *cur_out)
+{
+    size_t limit = atomic_load(&d->limit);
+    size_t cur = atomic_fetch_add(&d->current, want) + want;
+    if (cur < want || (limit && cur > limit)) {
+        atomic_fetch_sub(&d->current, want);
+        if (cur_out) *cur_out = cur - want;
+        return CT_ENOMEM;
+    }
+    size_t peak = atomic_load(&d->peak);
+    while (cur > peak && !atomic_compare_exchange_weak(&d->peak, &peak, cur)) {
+    }
+    if (cur_out) *cur_out = cur;
+    return 0;
+}
+
+/* ct_backend_host.account: the backend's own memory, counted with the buffers. */
+static int backend_account(void *ctx, int64_t delta)
+{
+    ct_device *d = ctx;
+    if (delta < 0) {
+        atomic_fetch_sub(&d->current, (size_t)-delta);
+        atomic_fetch_sub(&d->backend_bytes, (size_t)-delta);
+        return 0;
+    }
+    int rc = count_in(d, (size_t)delta, NULL);
+    if (rc == 0) atomic_fetch_add(&d->backend_bytes, (size_t)delta);
+    return rc;
+}
+
 static _Thread_local char describe_buf[700];
 
 const char *ct_cuda_describe(void)
@@ -185,7 +218,7 @@ const char *ct_cuda_describe(void)
         return describe_buf;
     }
     ct_backend *be = NULL;
-    if (ops->open(0, &be) != 0) {
+    if (ops->open(0, NULL, &be) != 0) {
         snprintf(describe_buf, sizeof describe_buf, "cuda: %d GPU(s), cuda:0 does not open: %.400s",
                  n, ops->last_error());
         return describe_buf;
@@ -252,7 +285,8 @@ ct_status ct_device_open(const ct_device_options *o, ct_device **out)
     int rc;
     if (!d) {
         s = ct_error(CT_ENOMEM, "ct_device_open: out of host memory");
-    } else if ((rc = ops->open(o->index, &be)) != 0) {
+    } else if ((d->host = (ct_backend_host){d, backend_account}),
+               (rc = ops->open(o->index, &d->host, &be)) != 0) {
         s = ct_error(rc > 0 && rc <= CT_EINTERNAL ? (ct_status)rc : CT_EUNSUPPORTED, "cuda:%d: %s",
                      o->index, ops->last_error());
     }
@@ -293,7 +327,7 @@ ct_status ct_device_close(ct_device *d)
         pthread_mutex_unlock(&cuda_mu);
         return CT_OK;
     }
-    size_t live = atomic_load(&d->current);
+    size_t live = atomic_load(&d->current) - atomic_load(&d->backend_bytes);
     if (live) {
         pthread_mutex_unlock(&cuda_mu);
         return ct_error(CT_EINVAL, "ct_device_close: %s still holds %zu bytes of buffers", d->name,
@@ -433,23 +467,16 @@ ct_status ct_dev_alloc(ct_device *d, size_t bytes, const char *what, void **out)
         ct_status s = ct_alloc(out, bytes);
         return s == CT_OK ? s : ct_error_wrap(s, "%s on cpu", what ? what : "allocation");
     }
-    size_t want = bytes ? bytes : 1;
-    size_t limit = atomic_load(&d->limit);
-    size_t cur = atomic_fetch_add(&d->current, want) + want;
-    if (cur < want || (limit && cur > limit)) {
-        atomic_fetch_sub(&d->current, want);
+    size_t want = bytes ? bytes : 1, cur;
+    if (count_in(d, want, &cur))
         return ct_error(CT_ENOMEM, "%s on %s: %zu bytes would pass the memory limit of %zu bytes (%zu live)",
-                        what ? what : "allocation", d->name, want, limit, cur - want);
-    }
+                        what ? what : "allocation", d->name, want, atomic_load(&d->limit), cur);
     void *p = NULL;
     int rc = d->ops->alloc(d->be, want, &p);
     if (rc != 0 || !p) {
         atomic_fetch_sub(&d->current, want);
         return ct_error(CT_ENOMEM, "%s on %s: %zu bytes: %s", what ? what : "allocation", d->name,
                         want, rc ? d->ops->last_error() : "no memory");
-    }
-    size_t peak = atomic_load(&d->peak);
-    while (cur > peak && !atomic_compare_exchange_weak(&d->peak, &peak, cur)) {
     }
     atomic_fetch_add(&d->allocs, 1);
     *out = p;

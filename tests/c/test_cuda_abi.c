@@ -217,9 +217,9 @@ out:
 static void gpu_checks(const ct_backend_ops *o, int n)
 {
     ct_backend *b = NULL;
-    CHECK(o->open(n, &b) != 0 && b == NULL && o->last_error()[0]);
-    CHECK(o->open(-1, &b) != 0 && b == NULL && o->last_error()[0]);
-    int rc = o->open(0, &b);
+    CHECK(o->open(n, NULL, &b) != 0 && b == NULL && o->last_error()[0]);
+    CHECK(o->open(-1, NULL, &b) != 0 && b == NULL && o->last_error()[0]);
+    int rc = o->open(0, NULL, &b);
     check_rc(o, rc, "open(0)");
     if (rc) return;
     ct_backend_info info;
@@ -316,7 +316,7 @@ int main(void)
     if (rc != 0 || n < 1) {
         CHECK(rc != 0 && n == 0 && ops->last_error()[0] != '\0');
         ct_backend *b = NULL;
-        CHECK(ops->open(0, &b) != 0 && b == NULL && ops->last_error()[0] != '\0');
+        CHECK(ops->open(0, NULL, &b) != 0 && b == NULL && ops->last_error()[0] != '\0');
         if (require_gpu()) {
             fprintf(stderr, "CT_TEST_REQUIRE_CUDA=1 but no GPU: %s\n", ops->last_error());
             t_failures++;

@@ -72,6 +72,14 @@ for t in "${TARGETS[@]}"; do  # the seeds first, one target after another
     printf '\001\000\000\001\000\377' >"$seeds/bytes"
     printf '\000\377\000\000\377' >>"$seeds/bytes"
   fi
+  if [ "$t" = fuzz_device_parse ]; then  # device names
+    seeds="$BUILD/fuzz-seeds/device_parse"
+    mkdir -p "$seeds"
+    printf 'cpu' >"$seeds/cpu"
+    printf 'cuda' >"$seeds/cuda"
+    printf 'cuda:1023' >"$seeds/last"
+    printf 'cuda:0012' >"$seeds/zeros"
+  fi
   if [ "$t" = fuzz_checkpoint ]; then  # checkpoints and hostile variants, written by a script
     seeds="$BUILD/fuzz-seeds/checkpoint"
     "$PY" tests/fuzz/make_checkpoint_corpus.py "$seeds"
