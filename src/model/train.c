@@ -16,6 +16,7 @@ struct ct_trainer {
     ct_train_options o;
     ct_gpt *m;
     float *moments; /* one allocation: exp_avg [P] then exp_avg_sq [P] */
+    float *dstat;   /* a GPU run: [double sum of squares][accum losses], read back once a step */
     int32_t *batch; /* [B, T+1] */
     const int32_t *train, *eval;
     int64_t n_train, n_eval;
@@ -150,6 +151,9 @@ ct_status ct_trainer_create(const ct_gpt_config *cfg, const ct_train_options *op
         size_t mb = 2 * t->m->pbytes;
         s = ct_dev_alloc(t->m->dev, mb ? mb : 4, "ct_trainer AdamW moments", (void **)&t->moments);
         if (s == CT_OK) s = ct_dev_zero(t->m->dev, t->moments, mb);
+        if (s == CT_OK && !gpt_host(t->m)) /* the step's read-back area: a double, accum losses */
+            s = ct_dev_alloc(t->m->dev, (size_t)(2 + o.accum) * sizeof(float), "ct_trainer statistics",
+                             (void **)&t->dstat);
     }
     if (s == CT_OK)
         s = ct_alloc((void **)&t->batch, (size_t)(o.batch * (o.seq + 1)) * sizeof(int32_t));
@@ -169,6 +173,7 @@ void ct_trainer_free(ct_trainer *t)
     ct_lora_free(t->lora);
     ct_free(t->lmoments);
     if (t->m && t->moments) ct_dev_free(t->m->dev, t->moments, t->m->pbytes ? 2 * t->m->pbytes : 4);
+    if (t->m && t->dstat) ct_dev_free(t->m->dev, t->dstat, (size_t)(2 + t->o.accum) * sizeof(float));
     ct_gpt_free(t->m);
     ct_free(t->batch);
     ct_free(t);
@@ -224,6 +229,29 @@ static void next_batch(ct_trainer *t)
                    t->batch);
 }
 
+/* A GPU step's one read-back: sum of squares of the gradients (the double at dstat[0..1]) and
+ * the micro-batches' losses (dstat[2..]); *loss their sum in micro-batch order (as the host's
+ * loop adds them), *norm the gradients' norm. */
+static ct_status device_stats(ct_trainer *t, double *loss, double *norm)
+{
+    ct_gpt *m = t->m;
+    GPT_DEV(m, sumsq, (double *)(void *)t->dstat, ct_gpt_grads(m), ct_gpt_num_params(m));
+    size_t bytes = (size_t)(2 + t->o.accum) * sizeof(float);
+    float *h;
+    CT_TRY(ct_alloc((void **)&h, bytes));
+    ct_status s = ct_dev_d2h(m->dev, h, t->dstat, bytes);
+    if (s == CT_OK) {
+        double sq;
+        memcpy(&sq, h, sizeof sq);
+        *norm = sqrt(sq);
+        *loss = 0;
+        for (int64_t k = 0; k < t->o.accum; k++)
+            *loss += h[2 + k];
+    }
+    ct_free(h);
+    return s;
+}
+
 ct_status ct_trainer_step(ct_trainer *t, ct_train_step_info *info)
 {
     if (!t) return ct_error(CT_EINVAL, "ct_trainer_step: t must not be NULL");
@@ -239,19 +267,24 @@ ct_status ct_trainer_step(ct_trainer *t, ct_train_step_info *info)
     ct_gpt_zero_grad(m);
     double loss = 0;
     float scale = 1.0f / (float)t->o.accum;
+    bool dev = !gpt_host(m); /* a GPU: the losses stay there until the one read-back */
     for (int64_t k = 0; k < t->o.accum; k++) {
         next_batch(t);
         float l;
-        ct_status s = ct_gpt_forward_backward(m, t->batch, t->o.batch, t->o.seq, scale, &l);
+        ct_status s = ct_gpt_forward_backward(m, t->batch, t->o.batch, t->o.seq, scale, dev ? NULL : &l);
+        if (s == CT_OK && dev)
+            s = ct_dev_d2d(m->dev, t->dstat + 2 + k, m->a.scal, sizeof(float)); /* after the double */
         if (s) {
             m->wbf_held = false;
             return s;
         }
-        loss += l;
+        if (!dev) loss += l;
     }
     m->wbf_held = false;
     int64_t P = ct_gpt_num_params(m), D = ct_gpt_num_decayed(m);
     double norm;
+    if (dev && !t->lora) /* the step's one read-back: the gradients' sum of squares and the losses */
+        CT_TRY(device_stats(t, &loss, &norm));
     float lr = ct_lr_cosine(t->step, t->o.warmup, t->o.steps, t->o.lr, t->o.min_lr);
     ct_adamw_options a = {lr, t->o.beta1, t->o.beta2, t->o.eps, t->o.weight_decay};
     if (t->lora) { /* only the adapters move; the model's weights are base + s B A again */
@@ -262,7 +295,12 @@ ct_status ct_trainer_step(ct_trainer *t, ct_train_step_info *info)
         CT_TRY(ct_adamw_step(lp, lg, t->lmoments, t->lmoments + LP, LP, t->step + 1, &a));
         CT_TRY(ct_lora_apply(t->lora));
     } else {
-        CT_TRY(gpt_clip_grad_norm(m, ct_gpt_grads(m), P, t->o.clip, &norm));
+        if (dev) { /* the norm is known: clip on the device */
+            if (t->o.clip > 0 && norm > t->o.clip)
+                GPT_DEV(m, scale, ct_gpt_grads(m), (float)(t->o.clip / (norm + 1e-6)), P);
+        } else {
+            CT_TRY(gpt_clip_grad_norm(m, ct_gpt_grads(m), P, t->o.clip, &norm));
+        }
         float *p = ct_gpt_params(m), *g = ct_gpt_grads(m), *mo = t->moments, *v = t->moments + P;
         int64_t st = t->step + 1;
         GPT_DEV(m, adamw, p, g, mo, v, D, st, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay);
