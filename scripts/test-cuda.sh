@@ -10,9 +10,12 @@
 #   bash scripts/test-cuda.sh run    there, from the repository root with dist/cuda-pack present:
 #                                    nvidia-smi -L, ctorch version, test_cuda_abi, test_backend_ops
 #                                    (a GPU is required: no SKIPPED), ctorch train --device cuda
-#                                    against --device cpu (when the CLI has --device), and
-#                                    ctorch bench cuda --json beside PyTorch; every step under its
-#                                    own timeout, all within 8 minutes. Logs go to $OUT when set
+#                                    against --device cpu (50 losses within 1e-3; the cuda run
+#                                    twice, bitwise the same; each checkpoint resumed on the other
+#                                    device; generate --device cuda = --device cpu --no-cache
+#                                    greedy ids; train_checks below), and ctorch bench cuda
+#                                    --quick --json beside PyTorch; every step under its own
+#                                    timeout, all within 8 minutes. Logs go to $OUT when set
 #                                    (the device tool brings $OUT back), else dist/cuda-run-logs.
 #
 # The device tool call (it carries ignored paths only when named):
@@ -143,6 +146,97 @@ EOF
   done
 }
 
+# train_checks BIN WORK: ctorch train on the GPU against the CPU. The same seed and settings
+# (the default model, a 52-step schedule stopped at step 50, dense causal attention, no document
+# mask) on --device cpu and --device cuda: the 50 losses of metrics.jsonl within 1e-3 relative;
+# the cuda run twice: the same losses, gradient norms and checkpoint bytes (bitwise repeatable);
+# each checkpoint resumed on the other device for steps 51 and 52; ctorch generate --device cuda
+# from the cuda checkpoint equals --device cpu --no-cache (greedy ids).
+train_checks() {
+  local B=$1 W=$2
+  local args=(--steps 52 --stop-at 50 --dense-attention --no-doc-mask --seed 1 --quiet)
+  cat > "$W/train_check.py" <<'EOF'
+import json, math, sys
+
+def rows(p):
+    out = {}
+    for line in open(p):
+        r = json.loads(line)
+        if "event" not in r and "loss" in r and "step" in r:
+            out[r["step"]] = r
+    return out
+
+def fail(msg):
+    print("FAIL: " + msg)
+    sys.exit(1)
+
+def rel(x, y):
+    return abs(x - y) / max(abs(x), 1e-12)
+
+mode = sys.argv[1]
+if mode == "close":  # close A B N BOUND: the same N steps in A and B, losses within BOUND
+    a, b, n, bound = rows(sys.argv[2]), rows(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+    if sorted(a) != sorted(b) or len(a) != n:
+        fail(f"steps differ: {sorted(a)} vs {sorted(b)} (want {n})")
+    if not all(math.isfinite(a[s]["loss"]) and math.isfinite(b[s]["loss"]) for s in a):
+        fail("a loss is not finite")
+    worst = max(a, key=lambda s: rel(a[s]["loss"], b[s]["loss"]))
+    w = rel(a[worst]["loss"], b[worst]["loss"])
+    print(f"{n} losses (steps {min(a)}..{max(a)}), worst relative difference {w:.3g} at step {worst} "
+          f"({a[worst]['loss']!r} vs {b[worst]['loss']!r}), bound {bound:g}")
+    if w > bound:
+        fail(f"relative difference {w:.3g} > {bound:g}")
+    print("PASS")
+elif mode == "same":  # same A B: bitwise the same losses, gradient norms, held-out losses
+    a, b = rows(sys.argv[2]), rows(sys.argv[3])
+    if not a or sorted(a) != sorted(b):
+        fail(f"steps differ: {sorted(a)} vs {sorted(b)}")
+    for s in sorted(a):
+        for k in ("loss", "grad_norm", "eval_loss"):
+            if a[s].get(k) != b[s].get(k):
+                fail(f"step {s} {k}: {a[s].get(k)!r} vs {b[s].get(k)!r} (not bitwise repeatable)")
+    print(f"{len(a)} steps: losses, gradient norms and held-out losses identical run to run")
+    print("PASS")
+elif mode == "ids":  # ids A B: generate --json outputs with the same new_ids
+    a, b = (json.loads(open(p).read().strip().splitlines()[-1]) for p in sys.argv[2:4])
+    if not a["new_ids"] or a["new_ids"] != b["new_ids"]:
+        fail(f"greedy ids differ:\n  {a['new_ids']}\n  {b['new_ids']}")
+    print(f"{len(a['new_ids'])} greedy ids equal: {a['new_ids']}")
+    print("PASS")
+else:
+    fail(f"unknown mode {mode}")
+EOF
+  local R=$W/runs
+  mkdir -p "$R"
+  step train_cpu 120 "$B/ctorch" train --device cpu --out "$R/cpu" "${args[@]}"
+  step train_cuda 90 "$B/ctorch" train --device cuda --out "$R/cuda" "${args[@]}"
+  step train_cuda_again 90 "$B/ctorch" train --device cuda --out "$R/cuda2" "${args[@]}"
+  step train_compare 15 python3 "$W/train_check.py" close "$R/cpu/metrics.jsonl" "$R/cuda/metrics.jsonl" 50 1e-3
+  step train_cuda_repeatable 15 bash -c 'python3 "$0" same "$1/metrics.jsonl" "$2/metrics.jsonl" &&
+    cmp "$1/checkpoint.safetensors" "$2/checkpoint.safetensors" && echo "checkpoints: identical bytes"' \
+    "$W/train_check.py" "$R/cuda" "$R/cuda2"
+  # each checkpoint continued on the other device for steps 51 and 52 (the schedule's last two)
+  step resume_cuda_on_cpu 60 "$B/ctorch" train --resume "$R/cuda/checkpoint.safetensors" --device cpu \
+    --out "$R/cuda-then-cpu" --quiet
+  step resume_cpu_on_cuda 60 "$B/ctorch" train --resume "$R/cpu/checkpoint.safetensors" --device cuda \
+    --out "$R/cpu-then-cuda" --quiet
+  step resume_compare 15 python3 "$W/train_check.py" close "$R/cuda-then-cpu/metrics.jsonl" \
+    "$R/cpu-then-cuda/metrics.jsonl" 2 1e-3
+  # greedy ids from the cuda checkpoint: the GPU (which recomputes every token) vs the CPU's
+  # recomputing baseline
+  local gen=(--model "$R/cuda/checkpoint.safetensors" --greedy --ignore-eos --max-new-tokens 32 --json)
+  step generate_cuda 60 bash -c 'out=$1; shift; "$0" generate --device cuda "$@" > "$out"' \
+    "$B/ctorch" "$R/gen-cuda.json" "${gen[@]}"
+  step generate_cpu 60 bash -c 'out=$1; shift; "$0" generate --device cpu --no-cache "$@" > "$out"' \
+    "$B/ctorch" "$R/gen-cpu.json" "${gen[@]}"
+  step generate_compare 15 python3 "$W/train_check.py" ids "$R/gen-cpu.json" "$R/gen-cuda.json"
+  local d
+  for d in cpu cuda cuda2 cuda-then-cpu cpu-then-cuda; do
+    [ -f "$R/$d/metrics.jsonl" ] && cp "$R/$d/metrics.jsonl" "$LOGS/metrics-$d.jsonl"
+  done
+  cp "$R"/gen-*.json "$LOGS/" 2>/dev/null || true
+}
+
 do_run() {
   [ -f "$PACK_DIR/cuda-pack.tar.xz" ] || die "run: $PACK_DIR/cuda-pack.tar.xz missing: run 'bash scripts/test-cuda.sh pack' first and carry dist/cuda-pack"
   LOGS=${OUT:-$ROOT/dist/cuda-run-logs}
@@ -167,33 +261,15 @@ do_run() {
   [ -x "$B/test_cuda_abi" ] && step test_cuda_abi 60 "$B/test_cuda_abi"
   step test_backend_ops 150 "$B/test_backend_ops"
   if "$B/ctorch" train --help 2>&1 | grep -q -- '--device'; then
-    local args=(--steps 50 --log-every 1 --quiet)
-    step train_cpu 90 "$B/ctorch" train --device cpu --out "$W/run-cpu" "${args[@]}"
-    step train_cuda 90 "$B/ctorch" train --device cuda --out "$W/run-cuda" "${args[@]}"
-    step train_compare 15 python3 - "$W/run-cpu/metrics.jsonl" "$W/run-cuda/metrics.jsonl" <<'EOF'
-import json, sys
-def losses(p):
-    out = []
-    for line in open(p):
-        r = json.loads(line)
-        if "loss" in r and "step" in r and "event" not in r:
-            out.append((r["step"], r["loss"]))
-    return out
-a, b = losses(sys.argv[1]), losses(sys.argv[2])
-assert a and len(a) == len(b), f"{len(a)} cpu vs {len(b)} cuda loss rows"
-worst = max(abs(x[1] - y[1]) / max(abs(x[1]), 1e-12) for x, y in zip(a, b))
-print(f"{len(a)} losses, worst relative difference cuda vs cpu {worst:.3g} (bound 1e-3)")
-sys.exit(0 if worst <= 1e-3 else 1)
-EOF
-    for f in "$W"/run-cpu/metrics.jsonl "$W"/run-cuda/metrics.jsonl; do
-      [ -f "$f" ] && cp "$f" "$LOGS/$(basename "$(dirname "$f")")-metrics.jsonl"
-    done
+    train_checks "$B" "$W"
   else
     echo "== train: skipped: this ctorch has no 'train --device' yet"
     SUMMARY="${SUMMARY}train: not run (no --device in this CLI)\n"
   fi
   # the JSON alone in bench_cuda.json; the log has it and whatever went to stderr
-  step bench_cuda 240 bash -c '"$0" bench cuda --json > "$1"; rc=$?; cat "$1"; exit $rc' "$B/ctorch" "$LOGS/bench_cuda.json"
+  # --quick (GEMM, the loss at N=1024, the training steps at the default model and GPT-2 B=4 beside
+  # PyTorch eager / torch.compile): the full run takes longer than this script's budget
+  step bench_cuda 200 bash -c '"$0" bench cuda --quick --json > "$1"; rc=$?; cat "$1"; exit $rc' "$B/ctorch" "$LOGS/bench_cuda.json"
 
   echo "== summary ($(( $(date +%s) - T0 ))s)"
   printf "%b" "$SUMMARY" | tee "$LOGS/summary.txt"
