@@ -1,7 +1,8 @@
-/* Telemetry from /proc and /sys. Each source is optional: what cannot be read is reported
- * as unavailable (NaN or -1), never guessed. */
+/* Telemetry from /proc and /sys (GPUs: nvml.c). Each source is optional: what cannot be read
+ * is reported as unavailable (NaN or -1), never guessed. */
 #include "core/internal.h"
 #include "ctorch/telemetry.h"
+#include "telemetry/telemetry_internal.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -207,6 +208,7 @@ ct_status ct_telemetry_read(ct_telemetry *t, ct_telemetry_sample *s)
                          s->energy_j >= t->energy_j
                      ? (s->energy_j - t->energy_j) / s->interval_s
                      : NAN;
+    ct_telemetry_read_gpus(s);
 
     t->last_time = now;
     t->ncpu = n;
