@@ -19,13 +19,26 @@ static json_t *bytes_or_null(int64_t v)
     return v < 0 ? json_null() : json_integer(v);
 }
 
+/* One GPU; null for what NVML would not tell. */
+static json_t *gpu_json(const ct_telemetry_gpu *g)
+{
+    return json_pack("{s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "index", g->index, "name",
+                     g->name[0] ? json_string(g->name) : json_null(), "memory_used_bytes",
+                     bytes_or_null(g->mem_used_bytes), "memory_total_bytes", bytes_or_null(g->mem_total_bytes),
+                     "utilisation_pct", num_or_null(g->util_pct), "memory_utilisation_pct",
+                     num_or_null(g->mem_util_pct), "power_w", num_or_null(g->power_w), "sm_mhz",
+                     num_or_null(g->sm_mhz), "memory_mhz", num_or_null(g->mem_mhz), "temperature_c",
+                     num_or_null(g->temp_c));
+}
+
 static void print_json(const ct_telemetry_sample *s)
 {
-    json_t *util = json_array(), *mhz = json_array();
+    json_t *util = json_array(), *mhz = json_array(), *gpus = json_array();
     for (int i = 0; i < s->ncpu; i++) {
         json_array_append_new(util, num_or_null(s->cpu_util[i]));
         json_array_append_new(mhz, num_or_null(s->cpu_mhz[i]));
     }
+    for (int i = 0; i < s->ngpu; i++) json_array_append_new(gpus, gpu_json(&s->gpu[i]));
     json_t *j = json_pack("{s:f, s:o, s:{s:o, s:o, s:o, s:o, s:I, s:I}, s:{s:i, s:o, s:o, s:o, s:o}, s:o, s:{s:o, s:o}}",
                           "time_s", s->time_s, "interval_s", num_or_null(s->interval_s), "memory", "rss_bytes",
                           bytes_or_null(s->rss_bytes), "peak_rss_bytes", bytes_or_null(s->peak_rss_bytes),
@@ -36,6 +49,8 @@ static void print_json(const ct_telemetry_sample *s)
                           num_or_null(s->cpu_util_total), "process_cpu", num_or_null(s->process_cpu), "mhz", mhz,
                           "temperature_c", num_or_null(s->temp_c), "power", "energy_j", num_or_null(s->energy_j),
                           "watts", num_or_null(s->power_w));
+    json_object_set_new(j, "gpus", gpus);
+    json_object_set_new(j, "gpu_status", s->gpu_status[0] ? json_string(s->gpu_status) : json_null());
     char *txt = json_dumps(j, JSON_PRESERVE_ORDER | JSON_COMPACT);
     puts(txt);
     free(txt);
@@ -75,6 +90,23 @@ static void print_text(const ct_telemetry_sample *s)
     }
     print_value("temperature", s->temp_c, "%.1f", "C");
     print_value("power (RAPL package)", s->power_w, "%.1f", "W");
+    if (s->ngpu == 0) printf("%-22sunavailable: %s\n", "GPUs", s->gpu_status);
+    else if (s->gpu_status[0]) printf("%-22s%s\n", "GPUs", s->gpu_status);
+    for (int i = 0; i < s->ngpu; i++) {
+        const ct_telemetry_gpu *g = &s->gpu[i];
+        char l[32];
+        snprintf(l, sizeof l, "gpu%d", g->index);
+        printf("%-22s%s\n", l, g->name[0] ? g->name : "(name unavailable)");
+        printf("%-22s", "  memory (used/total)");
+        if (g->mem_total_bytes < 0) printf("unavailable\n");
+        else printf("%.1f GiB / %.1f GiB\n", g->mem_used_bytes / 1073741824.0, g->mem_total_bytes / 1073741824.0);
+        print_value("  utilisation", g->util_pct, "%.0f", "%");
+        print_value("  memory utilisation", g->mem_util_pct, "%.0f", "%");
+        print_value("  power", g->power_w, "%.1f", "W");
+        print_value("  SM clock", g->sm_mhz, "%.0f", "MHz");
+        print_value("  memory clock", g->mem_mhz, "%.0f", "MHz");
+        print_value("  temperature", g->temp_c, "%.0f", "C");
+    }
     fflush(stdout);
 }
 
@@ -88,9 +120,11 @@ int cmd_telemetry(int argc, char **argv)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             puts("usage: ctorch telemetry [--json] [--watch SECONDS] [--count N]\n"
                  "Memory (RSS, peak, allocator), CPU utilisation and clock per core, temperature and\n"
-                 "power (RAPL). Rates need an interval: a single sample measures over 0.5 s. With --watch,\n"
-                 "prints a sample every SECONDS (N times, default forever). Figures the machine does not\n"
-                 "expose are shown as unavailable (null in JSON).");
+                 "power (RAPL), and each NVIDIA GPU's memory, utilisation, power, SM and memory clocks\n"
+                 "and temperature through NVML (libnvidia-ml.so.1, or the file CTORCH_NVML_LIB names;\n"
+                 "without it or a GPU, the reason is shown). Rates need an interval: a single sample\n"
+                 "measures over 0.5 s. With --watch, prints a sample every SECONDS (N times, default\n"
+                 "forever). Figures the machine does not expose are shown as unavailable (null in JSON).");
             return 0;
         }
         if (!strcmp(argv[i], "--json")) json = true;

@@ -91,7 +91,7 @@ static void nv_load(void)
     if (!h) {
         const char *e = dlerror();
         if (from_env) reason("NVML could not be loaded from CTORCH_NVML_LIB=%s: %s", file, e ? e : "dlopen failed");
-        else reason("NVML not found (%s): %s", file, e ? e : "dlopen failed");
+        else reason("NVML not found: %s", e ? e : "dlopen failed");
         return;
     }
     struct {

@@ -34,6 +34,15 @@ int main(void)
     for (int i = 0; i < b.ncpu; i++) CHECK(isnan(b.cpu_mhz[i]) || b.cpu_mhz[i] > 0);
     CHECK(isnan(b.temp_c) || (b.temp_c > -50 && b.temp_c < 150));
     CHECK(isnan(b.power_w) || b.power_w >= 0);
+    /* GPUs (NVML as this machine has it; the fake one: test_telemetry_nvml): either listed,
+     * or none and a reason */
+    CHECK(b.ngpu >= 0 && b.ngpu <= CT_TELEMETRY_MAX_GPUS);
+    CHECK(b.ngpu > 0 || b.gpu_status[0] != 0);
+    for (int i = 0; i < b.ngpu; i++) {
+        CHECK(b.gpu[i].index == i);
+        CHECK(b.gpu[i].mem_total_bytes == -1 || b.gpu[i].mem_total_bytes > 0);
+        CHECK(isnan(b.gpu[i].util_pct) || (b.gpu[i].util_pct >= 0 && b.gpu[i].util_pct <= 100));
+    }
     ct_free(p);
     return t_report("test_telemetry");
 }
