@@ -1,6 +1,7 @@
 /* A stand-in for libnvidia-ml with canned answers, loaded through CTORCH_NVML_LIB by the
  * telemetry tests (test_telemetry_nvml, tests/python/test_telemetry.py). It exports the NVML
- * entry points ctorch calls, with NVML's signatures and return codes:
+ * entry points ctorch calls (and nvmlInitWithFlags, which pynvml's nvmlInit calls), with
+ * NVML's signatures and return codes:
  *   GPU 0 "Fake GPU A": every figure (values in FAKE_GPU0 below);
  *   GPU 1 "Fake GPU B": power refused with NOT_SUPPORTED (as on boards without a power
  *          sensor; the output is overwritten with garbage first), temperature refused with
@@ -43,6 +44,7 @@ typedef struct {
 
 /* Exported (the prototypes keep -Wmissing-prototypes quiet). */
 int nvmlInit_v2(void);
+int nvmlInitWithFlags(unsigned int flags);
 int nvmlShutdown(void);
 int nvmlDeviceGetCount_v2(unsigned int *n);
 int nvmlDeviceGetHandleByIndex_v2(unsigned int i, const fake_dev **d);
@@ -60,6 +62,13 @@ int nvmlInit_v2(void)
     if (e && *e) return atoi(e);
     inited++;
     return SUCCESS;
+}
+
+/* what pynvml's nvmlInit calls (the Python test reads the fake through it too) */
+int nvmlInitWithFlags(unsigned int flags)
+{
+    (void)flags;
+    return nvmlInit_v2();
 }
 
 int nvmlShutdown(void)
