@@ -1088,13 +1088,19 @@ static void attn_ref(const attn_ctx *c, double *out, double *lse, double *dq, do
                         out[QI(b, i, h) + e] = s;
                     }
                 if (!dq) continue;
-                /* dP = dout . v; dS = P (dP - sum_j P dP); dq = scale dS k; dk += scale dS q; dv += P dout */
+                /* dP = dout . v; dS = P (dP - D); dq = scale dS k; dk += scale dS q; dv += P dout, with
+                 * D = sum_j P dP = dout . out: the slot's definition takes out as given (c->out, rounded
+                 * as stored: bf16 for bf16), as ct_sdpa_backward does. */
                 double dsum = 0;
                 for (int64_t j = 0; j <= i; j++) {
                     double s = 0;
                     for (int64_t e = 0; e < E; e++) s += (double)c->dout[QI(b, i, h) + e] * c->v[KI(b, j, hk) + e];
                     dp[j] = s;
                     dsum += p[j] * s;
+                }
+                if (c->out) {
+                    dsum = 0;
+                    for (int64_t e = 0; e < E; e++) dsum += (double)c->dout[QI(b, i, h) + e] * c->out[QI(b, i, h) + e];
                 }
                 for (int64_t j = 0; j <= i; j++) {
                     double ds = p[j] * (dp[j] - dsum) * c->scale;
