@@ -2,7 +2,7 @@
  * telemetry tests (test_telemetry_nvml, tests/python/test_telemetry.py). It exports the NVML
  * entry points ctorch calls (and nvmlInitWithFlags, which pynvml's nvmlInit calls), with
  * NVML's signatures and return codes:
- *   GPU 0 "Fake GPU A": every figure (values in FAKE_GPU0 below);
+ *   GPU 0 "Fake GPU A": every figure (the values in devs[0] below);
  *   GPU 1 "Fake GPU B": power refused with NOT_SUPPORTED (as on boards without a power
  *          sensor; the output is overwritten with garbage first), temperature refused with
  *          NO_PERMISSION; its memory utilisation is a real 0 %.
