@@ -1650,6 +1650,11 @@ static void report_step(loop *L, const ct_train_step_info *info, double dt, doub
                   "tokens", (json_int_t)info->tokens, "step_s", dt, "elapsed_s", tnow - L->t0,
                   "mem_bytes", (json_int_t)ms->current_bytes);
     L->ops->step_fields(L, j, dt);
+    if (r->dev) { /* a GPU run: its own memory beside the host's */
+        ct_memory_stats_t dm;
+        ct_device_memory_stats(r->dev, &dm);
+        json_object_set_new(j, "device_mem_bytes", json_integer((json_int_t)dm.current_bytes));
+    }
     if (!isnan(el)) json_object_set_new(j, "eval_loss", json_real(el));
     metrics_line(L->mf, j);
     if (r->quiet || !show) return;
@@ -1747,6 +1752,11 @@ static int train_steps(loop *L)
                             wall > 0 ? L->tokens_run / wall : 0.0, "peak_mem_bytes",
                             (json_int_t)ms.peak_bytes);
     if (ops->end_fields) ops->end_fields(L, end);
+    if (r->dev) {
+        ct_memory_stats_t dm;
+        ct_device_memory_stats(r->dev, &dm);
+        json_object_set_new(end, "device_peak_mem_bytes", json_integer((json_int_t)dm.peak_bytes));
+    }
     if (!isnan(L->last_eval)) json_object_set_new(end, "eval_loss", json_real(L->last_eval));
     metrics_line(L->mf, end);
     fclose(L->mf);
