@@ -2,7 +2,15 @@
 off, bf16 with f32 output) at the shapes ctorch times, and the linear + cross-entropy loss at
 N x D=4096 x V=128256 bf16, forward + backward, unfused (F.linear + F.cross_entropy) and under
 torch.compile: median time (CUDA synchronised wall clock, one warm-up, then --repeats) and
-peak memory above the inputs and gradient buffers (torch.cuda.max_memory_allocated).
+peak memory above the inputs and gradient buffers (torch.cuda.max_memory_allocated); and the
+training steps ctorch timed (--train MODEL:WEIGHTS:B:DTYPE:MODES, one per row): bench/
+torch_train.py's SdpaGPT (imported, not copied) loaded from the weights file `ctorch bench cuda`
+wrote (ctorch's initial parameters), on the GPU, F.scaled_dot_product_attention is_causal,
+F.linear + F.cross_entropy, clip_grad_norm_ 1, AdamW(fused=True) with ctorch's options; f32
+(TF32 off, as ctorch's f32) or bf16 under torch.autocast("cuda", dtype=torch.bfloat16); eager
+and/or torch.compile(model) (MODES "eager", "compiled" or "eager+compiled"): tokens/s (median
+of --repeats steps after two warm-up steps, each read back and synchronised) and
+torch.cuda.max_memory_allocated from before the model moved to the GPU.
 
 Prints one JSON object. Without torch, or without a CUDA device, it says so
 ({"status": "not installed" | "no cuda", "reason": ...}) and never invents figures.
@@ -121,17 +129,111 @@ def loss_cases(torch, dev, n, repeats):
     return out
 
 
+def train_row(torch, dev, tt, tensors, meta, name, batch, dtype, mode, repeats):
+    """One training-step row (see the module's docstring); its tensors die with the call."""
+    row = {"model": name, "batch": batch, "dtype": dtype, "mode": mode}
+    cuda = dev.type == "cuda"
+    try:
+        cfg = json.loads(meta["config"])
+        tr = json.loads(meta.get("train", "{}"))
+        B, T = batch, cfg["context"]
+        row["seq"] = T
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(dev)
+        model = tt.SdpaGPT(cfg, tensors, "causal").to(dev)
+        opt = tt.make_optimizer(model, tr, fused=True)
+        g = torch.Generator(device=dev).manual_seed(3)
+        tokens = torch.randint(0, cfg["vocab_size"], (B, T + 1), device=dev, generator=g)
+        fwd = torch.compile(model) if mode == "compiled" else model
+        clip = tr.get("clip", 1.0)
+        sync = torch.cuda.synchronize if cuda else (lambda: None)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dtype == "bf16"):
+                loss = fwd(tokens)
+            loss.backward()
+            if clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            opt.step()
+            return float(loss.detach())  # one read-back per step, as ctorch's
+
+        t0 = time.perf_counter()
+        losses = [step(), step()]  # warm-up (and compilation)
+        sync()
+        row["warmup_s"] = time.perf_counter() - t0
+        xs = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            losses.append(step())
+            sync()
+            xs.append(time.perf_counter() - t0)
+        med = statistics.median(xs)
+        row.update(median_s=med, min_s=min(xs), max_s=max(xs), repeats=repeats, tokens_per_s=B * T / med,
+                   loss_first=losses[0], loss_last=losses[-1])
+        if cuda:
+            row["max_memory_allocated"] = torch.cuda.max_memory_allocated(dev)
+    except Exception as e:  # out of memory, a compiler failure: say so, keep going
+        msg = str(e).strip().splitlines()
+        row["error"] = f"{type(e).__name__}: {msg[0] if msg else ''}"
+    return row
+
+
+def train_cases(torch, dev, specs, repeats):
+    """The training-step rows: one per (spec, mode) of --train MODEL:WEIGHTS:B:DTYPE:MODES."""
+    import gc
+    import os
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import torch_train as tt
+
+    out = []
+    loaded = (None, None)
+    for spec in specs:
+        parts = spec.split(":")
+        modes = parts[4].split("+") if len(parts) == 5 else []
+        if len(parts) != 5 or parts[3] not in ("f32", "bf16") or not parts[2].isdigit() or \
+                not modes or any(m not in ("eager", "compiled") for m in modes):
+            out.append({"spec": spec, "error": "expected MODEL:WEIGHTS:B:f32|bf16:eager|compiled|eager+compiled"})
+            continue
+        name, path, batch, dtype = parts[0], parts[1], int(parts[2]), parts[3]
+        if loaded[0] != path:
+            loaded = (None, None)
+            try:
+                loaded = (path, tt.read_safetensors(path))
+            except Exception as e:
+                out.extend({"model": name, "batch": batch, "dtype": dtype, "mode": m,
+                            "error": f"reading {path}: {type(e).__name__}: {e}"} for m in modes)
+                continue
+        tensors, meta = loaded[1]
+        for mode in modes:
+            out.append(train_row(torch, dev, tt, tensors, meta, name, batch, dtype, mode, repeats))
+            if mode == "compiled":
+                torch._dynamo.reset()
+            gc.collect()
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=8192, help="tokens of the loss case")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--device-index", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="the first four GEMM shapes only")
+    ap.add_argument("--train", action="append", default=[], metavar="MODEL:WEIGHTS:B:DTYPE:MODES",
+                    help="a training-step row (see above); repeatable")
+    ap.add_argument("--train-on-cpu", action="store_true",
+                    help="run the --train rows alone on the CPU (a check of this script where no GPU is: "
+                         "its figures are the CPU's, not a baseline)")
     a = ap.parse_args()
     try:
         import torch
     except Exception as e:
         emit({"status": "not installed", "reason": f"import torch failed: {type(e).__name__}: {e}"})
+    if a.train_on_cpu:
+        emit({"status": "cpu check", "torch_version": torch.__version__,
+              "train": train_cases(torch, torch.device("cpu"), a.train, a.repeats)})
     if not torch.cuda.is_available():
         emit({"status": "no cuda", "reason": f"torch {torch.__version__} sees no CUDA device "
               f"(built with CUDA {torch.version.cuda})", "torch_version": torch.__version__})
@@ -146,6 +248,8 @@ def main():
            "device": torch.cuda.get_device_name(dev), "repeats": a.repeats}
     res["gemm"] = gemm_cases(torch, dev, a.repeats, a.quick)
     res["loss"] = loss_cases(torch, dev, a.n, a.repeats)
+    if a.train:
+        res["train"] = train_cases(torch, dev, a.train, a.repeats)
     emit(res)
 
 

@@ -71,8 +71,8 @@ def rmsnorm(x, w, eps):
 def rope(x, base):
     """x [B, T, H, E]: rotate-half RoPE at positions 0 .. T-1 (frequencies in f32, as HF)."""
     T, E = x.shape[1], x.shape[3]
-    inv = 1.0 / (base ** (torch.arange(0, E, 2, dtype=torch.float32) / E))
-    ang = torch.arange(T, dtype=torch.float32)[:, None] * inv[None, :]
+    inv = 1.0 / (base ** (torch.arange(0, E, 2, dtype=torch.float32, device=x.device) / E))
+    ang = torch.arange(T, dtype=torch.float32, device=x.device)[:, None] * inv[None, :]
     cos = torch.cat([ang.cos(), ang.cos()], -1)[None, :, None, :]
     sin = torch.cat([ang.sin(), ang.sin()], -1)[None, :, None, :]
     x1, x2 = x[..., :E // 2], x[..., E // 2:]
@@ -228,12 +228,13 @@ def mask_note(cfg, tokens, eos, attention):
     return "causal only (is_causal=True): %s not applied" % " and ".join(skipped)
 
 
-def make_optimizer(model, tr):
+def make_optimizer(model, tr, **kw):
+    """ctorch's AdamW (decay on matrices only) from its train options; kw go to AdamW (fused=...)."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     other = [p for p in model.parameters() if p.dim() < 2]
     return torch.optim.AdamW([{"params": decay, "weight_decay": tr.get("weight_decay", 0.1)},
                               {"params": other, "weight_decay": 0.0}], lr=tr.get("lr", 3e-3),
-                             betas=(tr.get("beta1", 0.9), tr.get("beta2", 0.95)), eps=tr.get("eps", 1e-8))
+                             betas=(tr.get("beta1", 0.9), tr.get("beta2", 0.95)), eps=tr.get("eps", 1e-8), **kw)
 
 
 def load_sdpa(path, attention="causal"):

@@ -4,8 +4,12 @@
  * "reason") and exits 0. With one: GEMM TFLOP/s (f32 and bf16; 4096^3 and the products of a
  * GPT-2-small training step at 8192 tokens), the fused linear + cross-entropy vs the unfused
  * path (logits GEMM, CE forward and backward, two gradient GEMMs) at N=8192 D=4096 V=128256
- * bf16: time and device peak above the inputs and gradient buffers; and bench/torch_cuda.py's
- * figures (the same cases with PyTorch on the same GPU) in the same run.
+ * bf16: time and device peak above the inputs and gradient buffers; training steps (ct_trainer
+ * on the GPU at ctorch train's default model and GPT-2-124M's shape, f32 and bf16: tokens/s and
+ * device peak); and bench/torch_cuda.py's figures (the same cases with PyTorch on the same GPU,
+ * the training steps eager and under torch.compile from the same initial weights) in the same
+ * run, with ctorch's training tokens/s over PyTorch's. PyTorch runs after the device is closed,
+ * so that ctorch's memory pool is handed back first.
  *
  * Timing: one warm-up (two for GEMMs), then the median of >= 10 runs, each ended by
  * ct_device_sync and timed with the wall clock. Peak bytes are those ct_device_memory_stats
@@ -17,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define CUDA_REPEATS_MIN 10
 
@@ -256,7 +261,196 @@ static json_t *cb_loss(ct_device *d, int64_t N, int64_t Dm, int64_t V, int repea
     return j;
 }
 
+/* ---- training steps ------------------------------------------------------------------------ */
+
+/* The models of the training rows: ctorch train's default model (ct_gpt_config_default: V 32768,
+ * 4 layers, d 128, 4 heads, 2 kv, SwiGLU 384, T 128) and GPT-2 small's shape as `ctorch bench
+ * train --preset gpt2-small` sizes it (12 layers, d 768, 12 heads, 12 kv, V 50304, T 1024,
+ * tied head; SwiGLU hidden 2048: three 768 x 2048 matrices hold GPT-2's 2 x 768 x 3072 MLP
+ * parameters, so the step has GPT-2-124M's parameter count and FLOPs). */
+enum { CB_MODEL_DEFAULT, CB_MODEL_GPT2, CB_NMODELS };
+static const char *const cb_model_names[CB_NMODELS] = {"default", "gpt2-124M"};
+
+static ct_gpt_config cb_model(int which)
+{
+    ct_gpt_config c = ct_gpt_config_default();
+    if (which == CB_MODEL_GPT2) {
+        c.vocab_size = 50304;
+        c.context = 1024;
+        c.n_layer = 12;
+        c.d_model = 768;
+        c.n_head = 12;
+        c.n_kv_head = 12;
+        c.d_ff = 2048;
+        c.tied = true;
+        c.window = 0;
+    }
+    return c;
+}
+
+typedef struct cb_train_case {
+    int model;
+    int64_t batch; /* sequences of the model's context T per step */
+    bool quick;    /* in --quick too */
+} cb_train_case;
+
+static const cb_train_case cb_train_cases[] = {
+    {CB_MODEL_DEFAULT, 8, true}, {CB_MODEL_GPT2, 4, true}, {CB_MODEL_GPT2, 8, false}, {CB_MODEL_GPT2, 16, false},
+};
+
+#define CB_TRAIN_WARMUP 2
+
+/* ctorch's step on the GPU: ct_trainer (forward, backward, clip 1, AdamW; the loss read back once
+ * per step) with dense causal attention, no document mask, f32 or bf16 products. Times
+ * CB_TRAIN_WARMUP + repeats steps, each followed by ct_device_sync; the peak is the device
+ * layer's high-water mark from before the trainer's creation (parameters, gradients, AdamW
+ * moments, activations; not the backend's own scratch pool). */
+static json_t *cb_train_ctorch(ct_device *d, const ct_gpt_config *cfg, int64_t B, ct_dtype dt, int repeats)
+{
+    bench_train_conf bc = {*cfg, B};
+    int64_t n = 0;
+    int32_t *stream = bench_train_stream(&bc, &n);
+    ct_train_options o = ct_train_options_default();
+    o.batch = B;
+    o.seq = cfg->context;
+    o.steps = 1000; /* the schedule's length: past the steps taken here */
+    o.warmup = 0;
+    o.dense_attention = true;
+    o.eos_token = -1;
+    o.dtype = dt;
+    o.device = d;
+    ct_memory_stats_t m0, m1;
+    ct_status st = stream ? ct_device_sync(d) : ct_error(CT_ENOMEM, "bench cuda: the training tokens");
+    ct_device_memory_stats(d, &m0);
+    ct_device_reset_peak(d);
+    ct_trainer *t = NULL;
+    if (st == CT_OK) st = ct_trainer_create(cfg, &o, stream, n, NULL, 0, &t);
+    double x[64];
+    if (repeats > 64) repeats = 64;
+    float first = 0, last = 0;
+    for (int r = -CB_TRAIN_WARMUP; st == CT_OK && r < repeats; r++) {
+        ct_train_step_info info;
+        double ts = bench_now();
+        st = ct_trainer_step(t, &info);
+        if (st == CT_OK) st = ct_device_sync(d);
+        if (st != CT_OK) break;
+        if (r == -CB_TRAIN_WARMUP) first = info.loss;
+        last = info.loss;
+        if (r >= 0) x[r] = bench_now() - ts;
+    }
+    ct_device_memory_stats(d, &m1);
+    ct_trainer_free(t);
+    free(stream);
+    json_t *j = json_object();
+    if (st != CT_OK) {
+        json_object_set_new(j, "error", json_string(ct_last_error()));
+        return j;
+    }
+    qsort(x, (size_t)repeats, sizeof x[0], cb_cmp);
+    bench_time bt = {repeats % 2 ? x[repeats / 2] : 0.5 * (x[repeats / 2 - 1] + x[repeats / 2]), x[0],
+                     x[repeats - 1], repeats};
+    json_object_set_new(j, "tokens_per_s", json_real((double)(B * cfg->context) / bt.median));
+    json_object_set_new(j, "step", bench_time_json(&bt));
+    json_object_set_new(j, "peak_bytes", json_integer((json_int_t)(m1.peak_bytes - m0.current_bytes)));
+    json_object_set_new(j, "loss_first", json_real(first));
+    json_object_set_new(j, "loss_last", json_real(last));
+    return j;
+}
+
+/* The torch row of bench/torch_cuda.py's "train" list matching (model, batch, dtype, mode). */
+static json_t *cb_torch_row(json_t *torch, const char *model, int64_t B, const char *dtype, const char *mode)
+{
+    size_t i;
+    json_t *g;
+    json_array_foreach(json_object_get(torch, "train"), i, g) {
+        const char *m = json_string_value(json_object_get(g, "model")), *dt = json_string_value(json_object_get(g, "dtype")),
+                   *md = json_string_value(json_object_get(g, "mode"));
+        if (m && dt && md && !strcmp(m, model) && !strcmp(dt, dtype) && !strcmp(md, mode) &&
+            json_integer_value(json_object_get(g, "batch")) == B)
+            return g;
+    }
+    return NULL;
+}
+
+/* After PyTorch's run: each row gets its torch_eager / torch_compiled figures and the ratios
+ * ctorch tokens/s over PyTorch tokens/s (> 1: ctorch is faster). */
+static void cb_train_merge(json_t *rows, json_t *torch)
+{
+    size_t i;
+    json_t *row;
+    json_array_foreach(rows, i, row) {
+        const char *model = json_string_value(json_object_get(row, "model")),
+                   *dtype = json_string_value(json_object_get(row, "dtype"));
+        json_int_t B = json_integer_value(json_object_get(row, "batch"));
+        double ours = json_real_value(json_object_get(json_object_get(row, "ctorch"), "tokens_per_s"));
+        static const char *const modes[2] = {"eager", "compiled"};
+        for (int k = 0; k < 2; k++) {
+            json_t *g = cb_torch_row(torch, model, B, dtype, modes[k]);
+            if (!g) continue;
+            char key[64];
+            snprintf(key, sizeof key, "torch_%s", modes[k]);
+            json_object_set(row, key, g);
+            double theirs = json_real_value(json_object_get(g, "tokens_per_s"));
+            if (ours > 0 && theirs > 0) {
+                snprintf(key, sizeof key, "ctorch_vs_%s", modes[k]);
+                json_object_set_new(row, key, json_real(ours / theirs));
+            }
+        }
+    }
+}
+
 /* ---- output -------------------------------------------------------------------------------- */
+
+/* One "tokens/s  peak MiB" cell: the figures, or "failed" / "-" (not run). */
+static void cb_print_cell(json_t *g, const char *tok_key, const char *peak_key)
+{
+    if (!g) {
+        printf(" %14s %9s", "-", "-");
+    } else if (json_object_get(g, "error")) {
+        printf(" %14s %9s", "failed", "");
+    } else {
+        printf(" %14.0f %9.0f", json_real_value(json_object_get(g, tok_key)),
+               (double)json_integer_value(json_object_get(g, peak_key)) / 1048576.0);
+    }
+}
+
+static void cb_print_train(json_t *t)
+{
+    printf("\nTraining step (%s; %d warm-up steps, then the median of %d, each synced), beside PyTorch "
+           "(bench/torch_cuda.py: bench/torch_train.py's SdpaGPT from the same weights, SDPA is_causal, "
+           "AdamW(fused=True), clip 1; bf16: torch.autocast):\n",
+           json_string_value(json_object_get(t, "step")), (int)json_integer_value(json_object_get(t, "warmup_steps")),
+           (int)json_integer_value(json_object_get(t, "repeats")));
+    printf("  %-10s %3s %5s %-5s %14s %9s %14s %9s %14s %9s %8s %10s\n", "model", "B", "T", "dtype", "ctorch tok/s",
+           "peak MiB", "eager tok/s", "peak MiB", "compiled tok/s", "peak MiB", "x eager", "x compiled");
+    size_t i;
+    json_t *row;
+    json_array_foreach(json_object_get(t, "rows"), i, row) {
+        printf("  %-10s %3lld %5lld %-5s", json_string_value(json_object_get(row, "model")),
+               (long long)json_integer_value(json_object_get(row, "batch")),
+               (long long)json_integer_value(json_object_get(row, "seq")), json_string_value(json_object_get(row, "dtype")));
+        cb_print_cell(json_object_get(row, "ctorch"), "tokens_per_s", "peak_bytes");
+        cb_print_cell(json_object_get(row, "torch_eager"), "tokens_per_s", "max_memory_allocated");
+        cb_print_cell(json_object_get(row, "torch_compiled"), "tokens_per_s", "max_memory_allocated");
+        json_t *re = json_object_get(row, "ctorch_vs_eager"), *rc = json_object_get(row, "ctorch_vs_compiled");
+        if (re) printf(" %8.2f", json_real_value(re));
+        else printf(" %8s", "-");
+        if (rc) printf(" %10.2f\n", json_real_value(rc));
+        else printf(" %10s\n", "-");
+    }
+    json_array_foreach(json_object_get(t, "rows"), i, row) {
+        static const char *const who[3] = {"ctorch", "torch_eager", "torch_compiled"};
+        for (int k = 0; k < 3; k++) {
+            json_t *e = json_object_get(json_object_get(row, who[k]), "error");
+            if (e)
+                printf("  %s B=%lld %s %s failed: %s\n", json_string_value(json_object_get(row, "model")),
+                       (long long)json_integer_value(json_object_get(row, "batch")),
+                       json_string_value(json_object_get(row, "dtype")), who[k], json_string_value(e));
+        }
+    }
+    printf("  (x eager / x compiled: ctorch tokens/s over PyTorch's, > 1 is ctorch faster; peak: %s)\n",
+           json_string_value(json_object_get(t, "peak_counts")));
+}
 
 static void cb_print_text(json_t *r)
 {
@@ -316,16 +510,18 @@ static void cb_print_text(json_t *r)
                        (double)json_integer_value(json_object_get(g, "peak_above_inputs_bytes")) / 1048576.0);
         }
     }
-    /* TRAINING STEP ROWS: added when the model runs on CUDA (tokens/s of a GPT-2-small step vs
-     * PyTorch eager and torch.compile on the same GPU). */
-    printf("\nTraining step: %s\n", json_string_value(json_object_get(r, "train_step")));
+    cb_print_train(json_object_get(r, "train_step"));
 }
 
 static void cb_usage(FILE *f)
 {
     fprintf(f, "usage: ctorch bench cuda [--device cuda:N] [--quick] [--json] [--repeats R]\n"
                "  GEMM (f32, bf16) and the fused loss vs unfused on a GPU, beside PyTorch on the same GPU.\n"
-               "  --quick: the 4096^3 GEMM and three step shapes, and the loss at N=1024 (a smoke run).\n"
+               "  Training steps: ct_trainer on the GPU (ctorch train's default model B=8, and GPT-2-124M's\n"
+               "  shape at T=1024, B=4, 8, 16), f32 and bf16, tokens/s and device peak, beside PyTorch eager\n"
+               "  and torch.compile (bench/torch_cuda.py) from the same initial weights.\n"
+               "  --quick: the 4096^3 GEMM and three step shapes, the loss at N=1024, the training steps at\n"
+               "  the default model and GPT-2 B=4 (torch.compile at GPT-2 bf16 only): under ~2 minutes.\n"
                "  Without a GPU: prints SKIPPED with the reason and exits 0.\n");
 }
 
@@ -364,6 +560,7 @@ int bench_cuda(bench_ctx *b, int argc, char **argv)
         return 0;
     }
     int repeats = b->repeats < CUDA_REPEATS_MIN ? CUDA_REPEATS_MIN : b->repeats;
+    int dev_index = ct_device_index(d);
     json_t *r = json_pack("{s:s, s:s, s:s, s:s, s:b, s:i}", "bench", "cuda", "status", "ok", "device",
                           ct_device_describe(d), "backend", ct_cuda_describe(), "quick", (int)quick, "repeats", repeats);
     json_t *gemm = json_array();
@@ -374,20 +571,91 @@ int bench_cuda(bench_ctx *b, int argc, char **argv)
     json_object_set_new(r, "gemm", gemm);
     int64_t N = quick ? 1024 : 8192, Dm = 4096, V = 128256;
     json_object_set_new(r, "loss", cb_loss(d, N, Dm, V, repeats));
-    /* TRAINING STEP ROWS go here when the model runs on CUDA (the lead adds them). */
-    json_object_set_new(r, "train_step", json_string("not yet: the model does not run on CUDA in this build"));
+    /* training steps: ctorch's rows now, PyTorch's after the device is closed (its pool freed) */
+    json_t *rows = json_array();
+    int ncases = (int)(sizeof cb_train_cases / sizeof cb_train_cases[0]);
+    for (int c = 0; c < ncases; c++) {
+        if (quick && !cb_train_cases[c].quick) continue;
+        ct_gpt_config cfg = cb_model(cb_train_cases[c].model);
+        for (int dt = 0; dt < 2; dt++) {
+            ct_dtype dtype = dt ? CT_DTYPE_BF16 : CT_DTYPE_F32;
+            json_t *row = json_pack("{s:s, s:I, s:I, s:s}", "model", cb_model_names[cb_train_cases[c].model], "batch",
+                                    (json_int_t)cb_train_cases[c].batch, "seq", (json_int_t)cfg.context, "dtype",
+                                    ct_dtype_name(dtype));
+            json_object_set_new(row, "ctorch", cb_train_ctorch(d, &cfg, cb_train_cases[c].batch, dtype, repeats));
+            json_array_append_new(rows, row);
+        }
+    }
+    json_t *train = json_pack("{s:s, s:i, s:i}", "step",
+                              "ct_trainer on the GPU: forward, backward, clip 1, AdamW (one loss read-back); dense "
+                              "causal attention, no document mask; bf16: bf16 products, f32 master weights",
+                              "warmup_steps", CB_TRAIN_WARMUP, "repeats", repeats);
+    json_object_set_new(train, "peak_counts",
+                        json_string("ctorch: device buffers through ct_dev_alloc from before the trainer's creation "
+                                    "(parameters, gradients, AdamW moments, activations; a backend's own scratch pool "
+                                    "is not counted); PyTorch: torch.cuda.max_memory_allocated from before the model "
+                                    "moved to the GPU"));
+    json_object_set_new(train, "rows", rows);
+    json_object_set_new(r, "train_step", train);
+    s = ct_device_close(d);
+    if (s != CT_OK) {
+        json_decref(r);
+        return cli_fail("bench cuda: closing the device", s);
+    }
 
+    /* PyTorch's side: the same initial weights (bench train's weights file of each model, the
+     * parameters under ctorch's names, read by bench/torch_train.py's SdpaGPT) */
+    char tmp[512];
+    const char *td = getenv("TMPDIR");
+    snprintf(tmp, sizeof tmp, "%s/ctorch-bench-cuda-XXXXXX", td && *td ? td : "/tmp");
+    bool have_tmp = mkdtemp(tmp) != NULL;
+    char wpath[CB_NMODELS][600];
+    bool wrote[CB_NMODELS] = {false};
+    char spec[16][700];
+    int nspec = 0;
+    for (int c = 0; c < ncases && have_tmp && nspec < 16; c++) {
+        if (quick && !cb_train_cases[c].quick) continue;
+        int m = cb_train_cases[c].model;
+        if (!wrote[m]) {
+            snprintf(wpath[m], sizeof wpath[m], "%s/%s.safetensors", tmp, cb_model_names[m]);
+            bench_train_conf bc = {cb_model(m), 1};
+            if (bench_train_write_weights(&bc, wpath[m]) != 0) continue;
+            wrote[m] = true;
+        }
+        for (int dt = 0; dt < 2 && nspec < 16; dt++) {
+            /* --quick: torch.compile at GPT-2's shape in bf16 only (each compilation takes ~a minute) */
+            bool compiled = !quick || (m == CB_MODEL_GPT2 && dt == 1);
+            snprintf(spec[nspec++], sizeof spec[0], "%s:%s:%lld:%s:%s", cb_model_names[m], wpath[m],
+                     (long long)cb_train_cases[c].batch, dt ? "bf16" : "f32", compiled ? "eager+compiled" : "eager");
+        }
+    }
     char nbuf[32], rbuf[32], dbuf[32];
     snprintf(nbuf, sizeof nbuf, "%lld", (long long)N);
     snprintf(rbuf, sizeof rbuf, "%d", repeats);
-    snprintf(dbuf, sizeof dbuf, "%d", ct_device_index(d));
-    char *args[] = {"--n", nbuf, "--repeats", rbuf, "--device-index", dbuf, quick ? "--quick" : NULL, NULL};
-    json_object_set_new(r, "torch", bench_python("torch_cuda.py", args));
+    snprintf(dbuf, sizeof dbuf, "%d", dev_index);
+    char *args[64];
+    int na = 0;
+    args[na++] = "--n";
+    args[na++] = nbuf;
+    args[na++] = "--repeats";
+    args[na++] = rbuf;
+    args[na++] = "--device-index";
+    args[na++] = dbuf;
+    if (quick) args[na++] = "--quick";
+    for (int k = 0; k < nspec; k++) {
+        args[na++] = "--train";
+        args[na++] = spec[k];
+    }
+    args[na] = NULL;
+    json_t *torch = bench_python("torch_cuda.py", args);
+    cb_train_merge(rows, torch);
+    json_object_set_new(r, "torch", torch);
+    for (int m = 0; m < CB_NMODELS; m++)
+        if (wrote[m]) unlink(wpath[m]);
+    if (have_tmp) rmdir(tmp);
 
     if (b->json) bench_print_json(r);
     else cb_print_text(r);
     json_decref(r);
-    s = ct_device_close(d);
-    if (s != CT_OK) return cli_fail("bench cuda: closing the device", s);
     return 0;
 }
