@@ -90,6 +90,16 @@ void ct_parallel_for_grain(int64_t n, int64_t grain, ct_parallel_fn fn, void *ct
  * scratch. */
 void ct_parallel_for_capped(int64_t n, int64_t grain, int max_threads, ct_parallel_fn fn, void *ctx);
 
+/* A device buffer (ctorch/device.h; made by src/device/device.c). Core reads only where it lives,
+ * so that tensors over buffers need nothing of the device layer above it. */
+struct ct_buffer {
+    struct ct_device *dev;
+    void *data;
+    size_t bytes;
+    bool host;         /* the memory is host memory (the CPU device) */
+    const char *where; /* the device's name ("cpu", "cuda:0"), valid while it is open */
+};
+
 /* Row-broadcast bias and its gradient, parallel and deterministic (src/ops/bias.c):
  * x[n, :] += b for N rows of C; db[j] += sum over the rows of d[n, j], each column summed
  * by one thread in row order (the bits of the serial loop, for any thread count). */

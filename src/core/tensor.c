@@ -1,5 +1,4 @@
 #include "core/internal.h"
-#include "ctorch/device.h"
 #include "ctorch/tensor.h"
 
 #include <math.h>
@@ -300,7 +299,7 @@ ct_status ct_tensor_wrap_buffer(ct_tensor *out, struct ct_buffer *buffer, size_t
     memset(out, 0, sizeof *out);
     if (!buffer) return ct_error(CT_EINVAL, "%s: buffer must not be NULL", fn);
     if (!dtype_valid(dt)) return ct_error(CT_EINVAL, "%s: invalid dtype %d", fn, (int)dt);
-    size_t es = ct_dtype_size(dt), bytes, cap = ct_buffer_size(buffer);
+    size_t es = ct_dtype_size(dt), bytes, cap = buffer->bytes;
     CT_TRY(check_shape(fn, ndim, shape, es, &bytes));
     if (offset % es)
         return ct_error(CT_EINVAL, "%s: offset %zu is not a multiple of the %s element size %zu", fn,
@@ -330,7 +329,7 @@ ct_status ct_tensor_wrap_buffer(ct_tensor *out, struct ct_buffer *buffer, size_t
     if (offset > cap || bytes > cap - offset)
         return ct_error(CT_EINVAL, "%s: bytes [%zu, %zu + %zu) leave the buffer of %zu bytes", fn,
                         offset, offset, bytes, cap);
-    out->data = (char *)ct_buffer_data(buffer) + offset;
+    out->data = (char *)buffer->data + offset;
     out->dtype = dt;
     out->buffer = buffer;
     set_contiguous(out, ndim, shape);
@@ -341,7 +340,7 @@ ct_status ct_tensor_wrap_buffer(ct_tensor *out, struct ct_buffer *buffer, size_t
 
 bool ct_tensor_on_host(const ct_tensor *t)
 {
-    return t && (!t->buffer || ct_device_get_kind(ct_buffer_device(t->buffer)) == CT_DEVICE_CPU);
+    return t && (!t->buffer || t->buffer->host);
 }
 
 /* Host-side element access refuses tensors that live on a GPU. */
@@ -350,7 +349,7 @@ static ct_status host_only(const char *fn, const ct_tensor *t)
     if (ct_tensor_on_host(t)) return CT_OK;
     return ct_error(CT_EINVAL, "%s: the tensor lives on %s: copy it to the host first "
                                "(ct_buffer_read)",
-                    fn, ct_device_name(ct_buffer_device(t->buffer)));
+                    fn, t->buffer->where);
 }
 
 void ct_tensor_free(ct_tensor *t)

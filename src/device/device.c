@@ -33,11 +33,6 @@ struct ct_device {
     _Atomic uint64_t allocs, frees;
 };
 
-struct ct_buffer {
-    ct_device *dev;
-    void *data;
-    size_t bytes;
-};
 
 static ct_device cpu_device = {.kind = CT_DEVICE_CPU, .name = "cpu"};
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
@@ -543,6 +538,8 @@ static ct_status buffer_new(ct_device *d, size_t bytes, bool zero, ct_buffer **o
     CT_TRY(ct_alloc((void **)&b, sizeof *b));
     b->dev = d;
     b->bytes = bytes;
+    b->host = d->kind == CT_DEVICE_CPU;
+    b->where = d->name;
     ct_status s = ct_dev_alloc(d, bytes, "ct_buffer_alloc", &b->data);
     if (s == CT_OK && zero) s = ct_dev_zero(d, b->data, bytes);
     if (s != CT_OK) {
