@@ -92,8 +92,9 @@ const size_t STACK_BYTES = 256 * 1024;
 std::mutex launch_mu;
 std::vector<Fiber> fibers;
 int cur = -1;
+#ifdef EMU_OWN_SWITCH
 void *sched_sp;
-#ifndef EMU_OWN_SWITCH
+#else
 ucontext_t sched_uc;
 #endif
 void *sched_fake;
