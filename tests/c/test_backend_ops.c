@@ -707,6 +707,22 @@ static void test_embed(const tdev *D)
                     verify(D, what, emb_run, &c, bwd ? nt : no, ref, bwd ? RTOL_RED : 0);
                     free(ids), free(tab), free(dout), free(ref);
                 }
+    /* A backward over more tokens than one 2048-key tile of the CUDA backend's sort (its global
+     * merge steps and tile merges run), ids from 37 rows of 1000. */
+    if (hb) {
+        const int64_t N = 5000, V = 1000, Dm = 5;
+        const size_t nt = (size_t)(V * Dm), no = (size_t)(N * Dm);
+        int32_t *ids = malloc((size_t)N * 4);
+        for (int64_t i = 0; i < N; i++) ids[i] = (int32_t)(t_next() % 37u * 27u);
+        float *tab = fvec(nt, -1, 1), *dout = fvec(no, -1, 1);
+        double *ref = dvec(nt);
+        f2d(ref, tab, nt);
+        for (int64_t i = 0; i < N; i++)
+            for (int64_t j = 0; j < Dm; j++) ref[ids[i] * Dm + j] += dout[i * Dm + j];
+        emb_ctx c = {.bwd = true, .N = N, .V = V, .Dm = Dm, .ids = ids, .table = tab, .dout = dout};
+        verify(D, "embed_bwd N5000 V1000 D5 (sort over 3 tiles)", emb_run, &c, nt, ref, RTOL_RED);
+        free(ids), free(tab), free(dout), free(ref);
+    }
 }
 
 /* ---- losses ------------------------------------------------------------------------------- */
