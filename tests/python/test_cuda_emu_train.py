@@ -4,7 +4,8 @@ docs/cuda.md "Emulated device (CI)"), against the same runs on the CPU:
 
 - a tiny model (2 layers, d 32, vocabulary 512, context 32, 20 steps): every logged training
   and held-out loss within 1e-3 relative of `--device cpu --dense-attention --no-doc-mask`
-  (what a GPU runs: dense causal attention, no document mask), issue 22 item 4's rule;
+  (what a GPU runs: dense causal attention, no document mask), issue 22 item 4's rule; the
+  same for --dtype bf16 and for --unfused-head;
 - two emulated runs (the second with blocks and threads scheduled in reverse order) give the
   same bits: losses, gradient norms and the checkpoint's bytes;
 - the emulated run's checkpoint resumes on the CPU (20 more steps of a longer schedule, losses
@@ -15,6 +16,8 @@ import hashlib
 import json
 import os
 import subprocess
+
+import pytest
 
 from conftest import cli_path
 
@@ -90,6 +93,17 @@ def test_train_on_the_emulated_gpu_matches_the_cpu(tmp_path):
         assert (a2[s]["loss"], a2[s]["grad_norm"]) == (g[s]["loss"], g[s]["grad_norm"]), s
     assert evals_of(again) == ge
     assert sha(tmp_path / "cuda" / "checkpoint.safetensors") == sha(tmp_path / "cuda2" / "checkpoint.safetensors")
+
+
+@pytest.mark.parametrize("extra", [("--dtype", "bf16"), ("--unfused-head",)], ids=["bf16", "unfused-head"])
+def test_train_variants_on_the_emulated_gpu_match_the_cpu(tmp_path, extra):
+    """bf16 operands (the GEMMs, the fused loss and attention in bf16) and the unfused head (the
+    logits in memory, the ce_fwd / ce_bwd slots): every loss within 1e-3 of the CPU's."""
+    g = steps_of(train(tmp_path / "cuda", "cuda", *extra))
+    c = steps_of(train(tmp_path / "cpu", "cpu", *extra))
+    assert sorted(g) == list(range(1, STEPS + 1)) and sorted(c) == sorted(g), (sorted(g), sorted(c))
+    bad = [(s, g[s]["loss"], c[s]["loss"]) for s in g if not close(g[s]["loss"], c[s]["loss"])]
+    assert not bad, f"{extra}: steps whose loss is not within 1e-3 of the CPU's: {bad}"
 
 
 def test_emulated_checkpoint_resumes_on_the_cpu(tmp_path):
