@@ -442,6 +442,9 @@ static const ct_backend_ops ct_cuda_ops = {
     /* optimizer */
     CTCU_SLOT(ctcu_adamw),
     CTCU_SLOT(ctcu_sumsq),
+    /* flex attention */
+    CTCU_SLOT(ctcu_flex_fwd),
+    CTCU_SLOT(ctcu_flex_bwd),
 };
 
 extern "C" __attribute__((visibility("default"))) int ct_backend_cuda_entry(int api_version,

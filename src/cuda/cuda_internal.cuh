@@ -13,6 +13,7 @@
  *   cuda_optim.cu        adamw, sumsq
  *   cuda_loss.cu         ce fwd/bwd, fused linear + cross-entropy
  *   cuda_attn.cu         dense causal sdpa fwd/bwd
+ *   cuda_flex.cu         flex fwd/bwd (block masks, built-in mods; see the block below)
  */
 #ifndef CT_CUDA_INTERNAL_CUH
 #define CT_CUDA_INTERNAL_CUH
@@ -100,6 +101,16 @@ struct ctcu_gemm_state;
 struct ctcu_gemm_state **ctcu_gemm_state_of(ct_backend *b);
 /* cudaSetDevice(the backend's device), checked: the table's slots call it before the slot. */
 int ctcu_use_device(ct_backend *b);
+
+/* ---- added for flex attention (cuda_flex.cu: slots flex_fwd, flex_bwd) ------------------- */
+#ifdef __cplusplus
+extern "C" {
+#endif
+int ctcu_flex_fwd(ct_backend *b, const ct_flex_args *a);
+int ctcu_flex_bwd(ct_backend *b, const ct_flex_args *a, const ct_attn_grads *g);
+#ifdef __cplusplus
+}
+#endif
 
 /* Launch helpers. */
 static inline unsigned ctcu_blocks(int64_t n, int threads)

@@ -12,6 +12,8 @@
  *
  * returning 0 and its table when it speaks api_version (CT_BACKEND_API_VERSION), else a
  * non-zero ct_status. Change the version with any change of this file's structs or slots.
+ * (Version 1 has not shipped: slots added at the end of ct_backend_ops before its release,
+ * flex_fwd / flex_bwd, keep it at 1.)
  *
  * Rules every slot follows:
  * - The first argument is the backend's context (ct_backend *, from open). Pointers are the
@@ -73,7 +75,7 @@ typedef struct ct_backend_info {
  * out [B, T, H, E], lse [B, H, T] (natural log), all contiguous on the device. `scale` is the
  * softmax scale (1/sqrt(E) by default). Masks: causal only in slot sdpa (mask == NULL); the
  * CPU backend also takes a dense boolean mask [B, 1, T, T] (mask != NULL, host = device
- * memory there). Flex (block masks, mods) is its own slot family, CPU-only in API version 1. */
+ * memory there). Flex (block masks, mods) is its own slot family (flex_fwd / flex_bwd). */
 typedef struct ct_attn_args {
     int64_t B, T, H, Hk, E;
     float scale;
@@ -88,6 +90,73 @@ typedef struct ct_attn_grads {
     const void *dout; /* [B, T, H, E] dtype */
     void *dq, *dk, *dv; /* written, dtype */
 } ct_attn_grads;
+
+/* ---- FlexAttention (slots flex_fwd / flex_bwd) --------------------------------------------- */
+
+/* A block mask on a device: the lists of a host ct_block_mask (include/ctorch/attention.h)
+ * copied to the device's memory (src/device/flex_upload.c: ct_dev_block_mask_upload), same
+ * meaning: rows r = (b * H + h) * num_q_blocks + qb list the key blocks of query block qb in
+ * ascending order, partial ones kv_idx[kv_ptr[r] .. kv_ptr[r+1]) (the mask is evaluated per
+ * element there) and full ones full_kv_idx[full_kv_ptr[r] .. full_kv_ptr[r+1]) (attended
+ * without it); columns c = (b * H + h) * num_kv_blocks + kb list the query blocks of key
+ * block kb the same way (q_ptr / q_idx, full_q_ptr / full_q_idx: the backward's dK / dV).
+ * Blocks in neither list are skipped. B (H) is 1 when the mask is the same for every batch
+ * (head): batch b reads row b (0 when B == 1), head h row h (0 when H == 1). */
+typedef struct ct_dev_block_mask {
+    int64_t B, H;
+    int64_t q_len, kv_len, block_size;
+    int64_t num_q_blocks, num_kv_blocks;
+    const int64_t *kv_ptr, *full_kv_ptr; /* device, [B * H * num_q_blocks + 1] */
+    const int32_t *kv_idx, *full_kv_idx; /* device */
+    const int64_t *q_ptr, *full_q_ptr;   /* device, [B * H * num_kv_blocks + 1] */
+    const int32_t *q_idx, *full_q_idx;   /* device */
+    void *base;   /* the one device buffer holding the lists (the uploader's; slots ignore it) */
+    size_t bytes; /* its size */
+} ct_dev_block_mask;
+
+/* The built-in mask_mods a flex slot evaluates inside partial blocks: the AND of the masks of
+ * the bits set (0: every pair of a partial block attends). They must describe the mask the
+ * block mask was built from (ct_mask_mod_causal, _sliding_window, _prefix_lm, _document, and
+ * ct_mask_mod_and of them), or the block lists and the pairs disagree. */
+enum {
+    CT_FLEX_MASK_CAUSAL = 1u << 0,   /* kv <= q */
+    CT_FLEX_MASK_WINDOW = 1u << 1,   /* |q - kv| <= window (with CAUSAL: 0 <= q - kv <= window) */
+    CT_FLEX_MASK_PREFIX = 1u << 2,   /* kv < prefix or kv <= q (prefix LM) */
+    CT_FLEX_MASK_DOCUMENT = 1u << 3, /* q_doc[b][q] == kv_doc[b][kv] */
+};
+
+/* The built-in score_mods (applied to s = scale * q . k before the mask). */
+typedef enum ct_flex_score {
+    CT_FLEX_SCORE_NONE = 0,
+    CT_FLEX_SCORE_SOFTCAP = 1, /* s -> softcap * tanh(s / softcap) (ct_score_mod_softcap) */
+    CT_FLEX_SCORE_ALIBI = 2,   /* s -> s + alibi_slopes[h] * (kv - q) (ct_score_mod_alibi) */
+} ct_flex_score;
+
+typedef struct ct_flex_mods {
+    unsigned mask;      /* CT_FLEX_MASK_* bits */
+    int64_t window;     /* CT_FLEX_MASK_WINDOW: >= 0 */
+    int64_t prefix;     /* CT_FLEX_MASK_PREFIX: >= 0 */
+    const int32_t *q_doc, *kv_doc; /* CT_FLEX_MASK_DOCUMENT: device int32 [doc_batch, T];
+                                      kv_doc NULL: q_doc */
+    int64_t doc_batch;  /* 1 (shared by the batches) or B */
+    ct_flex_score score;
+    float softcap;              /* CT_FLEX_SCORE_SOFTCAP: finite, > 0 */
+    const float *alibi_slopes;  /* CT_FLEX_SCORE_ALIBI: device f32 [H] (query heads) */
+    const void *compiled;       /* compiled (jit) mods: not in API version 1; must be NULL
+                                   (a slot answers CT_EUNSUPPORTED) */
+} ct_flex_mods;
+
+/* Flex attention of the model's layout (ct_attn_args: q [B, T, H, E], k, v [B, T, Hk, E],
+ * out [B, T, H, E], lse [B, H, T], attn.mask NULL) over a block mask (required; its q_len and
+ * kv_len are T, its B / H are 1 or B / H) with the mods: the definitions of
+ * ct_flex_attention_forward / _backward (a row whose keys are all masked: out 0, lse -inf,
+ * gradients 0). The CPU backend's slots are those calls; the CUDA backend takes block sizes
+ * 64 and 128 and head dims up to 256. */
+typedef struct ct_flex_args {
+    ct_attn_args attn;
+    const ct_dev_block_mask *block_mask; /* a host struct whose lists are device memory */
+    ct_flex_mods mods;
+} ct_flex_args;
 
 typedef struct ct_backend_ops {
     int api_version; /* CT_BACKEND_API_VERSION */
@@ -182,6 +251,13 @@ typedef struct ct_backend_ops {
     /* *out (device, one double) = sum of g[i]^2 over n values, in double, blocks of 16384
      * values summed in order and the block sums added in block order (ct_grad_norm's sum). */
     int (*sumsq)(ct_backend *b, double *out, const float *g, int64_t n);
+
+    /* ---- FlexAttention (added in version 1 before its release; see ct_flex_args) --------- */
+    /* out and lse (required) from q, k, v. */
+    int (*flex_fwd)(ct_backend *b, const ct_flex_args *a);
+    /* dq, dk, dv (each may be NULL) from q, k, v, out, lse and g->dout: deterministic (fixed
+     * order sums, no atomics); GQA's kv heads sum their query heads in head order. */
+    int (*flex_bwd)(ct_backend *b, const ct_flex_args *a, const ct_attn_grads *g);
 } ct_backend_ops;
 
 /* The entry point a backend library exports (see the top of this file). */

@@ -262,6 +262,139 @@ static int cpu_sdpa_bwd(ct_backend *b, const ct_attn_args *a, const ct_attn_grad
     return ct_sdpa_backward(&q, &k, &v, &o, &lse, &dout, &so, &dq, &dk, &dv);
 }
 
+/* ---- flex attention: the slot's arguments onto ct_flex_attention_forward / _backward ---- */
+
+/* The mods of a flex slot as the library's built-in ct_mask_mod / ct_score_mod, the block
+ * mask as a ct_block_mask over the same lists (device memory is host memory here) and the
+ * tensors as [B, H, T, E] views of the model's layout. */
+typedef struct cpu_flex {
+    ct_mask_mod kids[4], all; /* all: kids[0] alone, their AND, or noop */
+    int nkids;
+    ct_score_mod sm;
+    ct_block_mask bm;
+    ct_flex_options fo;
+    ct_tensor q, k, v, o, lse;
+} cpu_flex;
+
+static void cpu_flex_free(cpu_flex *f)
+{
+    if (f->nkids > 1) ct_mask_mod_free(&f->all);
+    for (int i = 0; i < f->nkids; i++) ct_mask_mod_free(&f->kids[i]);
+    ct_score_mod_free(&f->sm);
+}
+
+static ct_status flex_view(ct_tensor *t, const void *p, ct_dtype dt, int64_t B, int64_t T,
+                           int64_t H, int64_t E)
+{
+    int64_t shape[4] = {B, H, T, E}, strides[4] = {T * H * E, E, H * E, 1};
+    return ct_tensor_wrap(t, (void *)p, dt, 4, shape, strides);
+}
+
+/* 1: an empty problem (nothing to compute). */
+static ct_status cpu_flex_setup(const char *fn, const ct_flex_args *fa, cpu_flex *f, int *empty)
+{
+    memset(f, 0, sizeof *f);
+    *empty = 0;
+    if (!fa) return ct_error(CT_EINVAL, "%s: arguments must not be NULL", fn);
+    const ct_attn_args *a = &fa->attn;
+    const ct_flex_mods *md = &fa->mods;
+    if (md->compiled)
+        return ct_error(CT_EUNSUPPORTED, "%s: compiled (jit) mods are not a slot argument yet", fn);
+    if (a->mask) return ct_error(CT_EINVAL, "%s: attn.mask must be NULL (the block mask masks)", fn);
+    if (!fa->block_mask) return ct_error(CT_EINVAL, "%s: block_mask must not be NULL", fn);
+    if (a->E < 1) return ct_error(CT_EINVAL, "%s: head dim E must be >= 1, got %lld", fn, (long long)a->E);
+    if (md->mask & ~(unsigned)(CT_FLEX_MASK_CAUSAL | CT_FLEX_MASK_WINDOW | CT_FLEX_MASK_PREFIX |
+                               CT_FLEX_MASK_DOCUMENT))
+        return ct_error(CT_EINVAL, "%s: unknown mask bits 0x%x", fn, md->mask);
+    if (a->B == 0 || a->T == 0 || a->H == 0) {
+        *empty = 1;
+        return CT_OK;
+    }
+    const ct_dev_block_mask *dm = fa->block_mask;
+    if (md->mask & CT_FLEX_MASK_CAUSAL) CT_TRY(ct_mask_mod_causal(&f->kids[f->nkids++]));
+    if (md->mask & CT_FLEX_MASK_WINDOW)
+        CT_TRY(ct_mask_mod_sliding_window(md->window, false, &f->kids[f->nkids++]));
+    if (md->mask & CT_FLEX_MASK_PREFIX) CT_TRY(ct_mask_mod_prefix_lm(md->prefix, &f->kids[f->nkids++]));
+    if (md->mask & CT_FLEX_MASK_DOCUMENT) {
+        if (!md->q_doc) return ct_error(CT_EINVAL, "%s: the document mask needs q_doc", fn);
+        if (md->doc_batch != 1 && md->doc_batch != a->B)
+            return ct_error(CT_EINVAL, "%s: doc_batch must be 1 or B = %lld, got %lld", fn,
+                            (long long)a->B, (long long)md->doc_batch);
+        CT_TRY(ct_mask_mod_document(md->q_doc, md->kv_doc, md->doc_batch, a->T, a->T,
+                                    &f->kids[f->nkids++]));
+    }
+    if (f->nkids == 0) CT_TRY(ct_mask_mod_noop(&f->all));
+    else if (f->nkids == 1) f->all = f->kids[0];
+    else CT_TRY(ct_mask_mod_and(f->kids, f->nkids, &f->all));
+    f->fo = ct_flex_options_default();
+    f->fo.scale = a->scale;
+    switch (md->score) {
+    case CT_FLEX_SCORE_NONE:
+        break;
+    case CT_FLEX_SCORE_SOFTCAP:
+        CT_TRY(ct_score_mod_softcap(md->softcap, &f->sm));
+        f->fo.score_mod = &f->sm;
+        break;
+    case CT_FLEX_SCORE_ALIBI:
+        if (!md->alibi_slopes) return ct_error(CT_EINVAL, "%s: ALiBi needs alibi_slopes [H]", fn);
+        CT_TRY(ct_score_mod_alibi(a->H, md->alibi_slopes, &f->sm));
+        f->fo.score_mod = &f->sm;
+        break;
+    default:
+        return ct_error(CT_EINVAL, "%s: unknown score mod %d", fn, (int)md->score);
+    }
+    f->bm = (ct_block_mask){.B = dm->B, .H = dm->H, .q_len = dm->q_len, .kv_len = dm->kv_len,
+                            .block_size = dm->block_size, .num_q_blocks = dm->num_q_blocks,
+                            .num_kv_blocks = dm->num_kv_blocks, .mask_mod = f->all,
+                            .kv_ptr = (int64_t *)dm->kv_ptr, .full_kv_ptr = (int64_t *)dm->full_kv_ptr,
+                            .kv_idx = (int32_t *)dm->kv_idx, .full_kv_idx = (int32_t *)dm->full_kv_idx,
+                            .q_ptr = (int64_t *)dm->q_ptr, .full_q_ptr = (int64_t *)dm->full_q_ptr,
+                            .q_idx = (int32_t *)dm->q_idx, .full_q_idx = (int32_t *)dm->full_q_idx};
+    CT_TRY(flex_view(&f->q, a->q, a->dtype, a->B, a->T, a->H, a->E));
+    CT_TRY(flex_view(&f->k, a->k, a->dtype, a->B, a->T, a->Hk, a->E));
+    CT_TRY(flex_view(&f->v, a->v, a->dtype, a->B, a->T, a->Hk, a->E));
+    CT_TRY(flex_view(&f->o, a->out, a->dtype, a->B, a->T, a->H, a->E));
+    int64_t ls[3] = {a->B, a->H, a->T};
+    return ct_tensor_wrap(&f->lse, a->lse, CT_DTYPE_F32, 3, ls, NULL);
+}
+
+static int cpu_flex_fwd(ct_backend *b, const ct_flex_args *fa)
+{
+    cpu_flex f;
+    int empty;
+    ct_status s = cpu_flex_setup("flex_fwd", fa, &f, &empty);
+    if (s == CT_OK && !empty) s = ct_flex_attention_forward(&f.q, &f.k, &f.v, &f.bm, &f.fo, &f.o, &f.lse);
+    cpu_flex_free(&f);
+    return s;
+}
+
+static int cpu_flex_bwd(ct_backend *b, const ct_flex_args *fa, const ct_attn_grads *g)
+{
+    cpu_flex f;
+    int empty;
+    ct_status s = cpu_flex_setup("flex_bwd", fa, &f, &empty);
+    if (s == CT_OK && !g) s = ct_error(CT_EINVAL, "flex_bwd: grads must not be NULL");
+    if (s == CT_OK && empty) { /* no query rows: dk and dv are zero */
+        const ct_attn_args *a = &fa->attn;
+        size_t n = (size_t)(a->B * a->T * a->Hk * a->E) * ct_dtype_size(a->dtype);
+        if (g->dk && n) memset(g->dk, 0, n);
+        if (g->dv && n) memset(g->dv, 0, n);
+    } else if (s == CT_OK) {
+        const ct_attn_args *a = &fa->attn;
+        ct_tensor dout, dq, dk, dv;
+        if (!g->dout) s = ct_error(CT_EINVAL, "flex_bwd: dout must not be NULL");
+        if (s == CT_OK) s = flex_view(&dout, g->dout, a->dtype, a->B, a->T, a->H, a->E);
+        if (s == CT_OK && g->dq) s = flex_view(&dq, g->dq, a->dtype, a->B, a->T, a->H, a->E);
+        if (s == CT_OK && g->dk) s = flex_view(&dk, g->dk, a->dtype, a->B, a->T, a->Hk, a->E);
+        if (s == CT_OK && g->dv) s = flex_view(&dv, g->dv, a->dtype, a->B, a->T, a->Hk, a->E);
+        if (s == CT_OK)
+            s = ct_flex_attention_backward(&f.q, &f.k, &f.v, &f.o, &f.lse, &dout, &f.bm, &f.fo,
+                                           g->dq ? &dq : NULL, g->dk ? &dk : NULL, g->dv ? &dv : NULL);
+    }
+    cpu_flex_free(&f);
+    return s;
+}
+
 static int cpu_adamw(ct_backend *b, float *param, const float *grad, float *m, float *v, int64_t n,
                      int64_t step, float lr, float beta1, float beta2, float eps, float wd)
 {
@@ -309,6 +442,8 @@ static const ct_backend_ops cpu_ops = {
     .sdpa_bwd = cpu_sdpa_bwd,
     .adamw = cpu_adamw,
     .sumsq = cpu_sumsq,
+    .flex_fwd = cpu_flex_fwd,
+    .flex_bwd = cpu_flex_bwd,
 };
 
 const ct_backend_ops *ct_cpu_backend_ops(void)

@@ -5,6 +5,7 @@
 
 #include "core/internal.h"
 #include "ctorch/device.h"
+#include "ctorch/attention.h"
 #include "device/backend.h"
 
 /* The table and context of an open device (ct_device_open / ct_device_cpu). */
@@ -35,5 +36,12 @@ ct_status ct_dev_missing(const ct_device *d, const char *op);
         int ct_dev_rc_ = ct_dev_ops_->slot(ct_device_backend(d), __VA_ARGS__);                     \
         if (ct_dev_rc_ != 0) return ct_dev_result((d), #slot, ct_dev_rc_);                         \
     } while (0)
+
+/* ---- flex attention (src/device/flex_upload.c) ------------------------------------------- */
+/* Upload the lists of a host block mask to device d once (one buffer: ct_dev_alloc, then
+ * ct_dev_h2d) into *out, for the flex_fwd / flex_bwd slots; the host mask may be freed after.
+ * Release with ct_dev_block_mask_free (which zeroes *m; a zeroed struct is a no-op). */
+ct_status ct_dev_block_mask_upload(ct_device *d, const ct_block_mask *m, ct_dev_block_mask *out);
+void ct_dev_block_mask_free(ct_device *d, ct_dev_block_mask *m);
 
 #endif

@@ -1175,6 +1175,349 @@ static void test_attn(const tdev *D)
                 }
 }
 
+/* ---- flex attention ------------------------------------------------------------------------ */
+/* flex_fwd / flex_bwd over a host block mask uploaded with ct_dev_block_mask_upload, with the
+ * built-in mods of ct_flex_mods: each case against a dense double reference of the definitions
+ * (every pair evaluated: the block lists must skip only masked pairs), on the GPU also 3x
+ * bitwise and against the CPU slot (ct_flex_attention_forward / _backward). */
+
+typedef struct flex_ctx {
+    bool bwd;
+    int64_t Bb, T, H, Hk, E, bs;
+    float scale;
+    ct_dtype dtype;
+    unsigned bits;
+    int64_t window, prefix, doc_batch;
+    const int32_t *qdoc, *kvdoc; /* host [doc_batch, T]; kvdoc NULL: qdoc */
+    ct_flex_score score;
+    float cap;
+    const float *slopes; /* host [H] */
+    const ct_block_mask *bm;
+    const void *compiled;
+    const float *q, *k, *v, *out, *lse, *dout;
+    const uint16_t *qb, *kb, *vb, *outb, *doutb;
+} flex_ctx;
+
+static ct_status flex_run(const tdev *D, const void *vc, double *res)
+{
+    const flex_ctx *c = vc;
+    tbufs B = {.D = D};
+    bool bf = c->dtype == CT_DTYPE_BF16;
+    size_t es = bf ? 2 : 4, nq = (size_t)(c->Bb * c->T * c->H * c->E), nk = (size_t)(c->Bb * c->T * c->Hk * c->E);
+    size_t nl = (size_t)(c->Bb * c->H * c->T);
+    ct_flex_args fa = {.attn = {.B = c->Bb, .T = c->T, .H = c->H, .Hk = c->Hk, .E = c->E, .scale = c->scale,
+                                .dtype = c->dtype}};
+    fa.attn.q = tb_new(&B, bf ? (const void *)c->qb : c->q, nq * es);
+    fa.attn.k = tb_new(&B, bf ? (const void *)c->kb : c->k, nk * es);
+    fa.attn.v = tb_new(&B, bf ? (const void *)c->vb : c->v, nk * es);
+    fa.attn.out = tb_new(&B, c->bwd ? (bf ? (const void *)c->outb : c->out) : NULL, nq * es);
+    fa.attn.lse = tb_new(&B, c->bwd ? c->lse : NULL, nl * 4);
+    fa.mods = (ct_flex_mods){.mask = c->bits, .window = c->window, .prefix = c->prefix, .doc_batch = c->doc_batch,
+                             .score = c->score, .softcap = c->cap, .compiled = c->compiled};
+    if (c->bits & CT_FLEX_MASK_DOCUMENT) {
+        fa.mods.q_doc = tb_new(&B, c->qdoc, (size_t)(c->doc_batch * c->T) * 4);
+        if (c->kvdoc) fa.mods.kv_doc = tb_new(&B, c->kvdoc, (size_t)(c->doc_batch * c->T) * 4);
+    }
+    if (c->score == CT_FLEX_SCORE_ALIBI) fa.mods.alibi_slopes = tb_new(&B, c->slopes, (size_t)c->H * 4);
+    ct_dev_block_mask dm = {0};
+    if (B.st == CT_OK) B.st = ct_dev_block_mask_upload(D->d, c->bm, &dm);
+    fa.block_mask = &dm;
+    size_t nout = c->bwd ? nq + 2 * nk : nq + nl;
+    float *h = malloc(nout * 4);
+    uint16_t *hb = malloc(nout * 2);
+    if (c->bwd) {
+        ct_attn_grads g = {.dout = tb_new(&B, bf ? (const void *)c->doutb : c->dout, nq * es)};
+        g.dq = tb_new(&B, NULL, nq * es), g.dk = tb_new(&B, NULL, nk * es), g.dv = tb_new(&B, NULL, nk * es);
+        if (B.st == CT_OK) B.st = SLOT(D, flex_bwd, &fa, &g);
+        if (bf) {
+            tb_get(&B, hb, g.dq, nq * 2), tb_get(&B, hb + nq, g.dk, nk * 2), tb_get(&B, hb + nq + nk, g.dv, nk * 2);
+            for (size_t i = 0; i < nout; i++) h[i] = bf16_val(hb[i]);
+        } else {
+            tb_get(&B, h, g.dq, nq * 4), tb_get(&B, h + nq, g.dk, nk * 4), tb_get(&B, h + nq + nk, g.dv, nk * 4);
+        }
+    } else {
+        if (B.st == CT_OK) B.st = SLOT(D, flex_fwd, &fa);
+        if (bf) {
+            tb_get(&B, hb, fa.attn.out, nq * 2);
+            for (size_t i = 0; i < nq; i++) h[i] = bf16_val(hb[i]);
+        } else {
+            tb_get(&B, h, fa.attn.out, nq * 4);
+        }
+        tb_get(&B, h + nq, fa.attn.lse, nl * 4);
+    }
+    if (B.st == CT_OK) f2d(res, h, nout);
+    free(h), free(hb);
+    ct_dev_block_mask_free(D->d, &dm);
+    return tb_done(&B);
+}
+
+/* The reference's mask and score mod, from the definitions in backend.h / attention.h. */
+static bool fref_keep(const flex_ctx *c, int64_t b, int64_t i, int64_t j)
+{
+    if ((c->bits & CT_FLEX_MASK_CAUSAL) && j > i) return false;
+    if ((c->bits & CT_FLEX_MASK_WINDOW) && (i - j > c->window || j - i > c->window)) return false;
+    if ((c->bits & CT_FLEX_MASK_PREFIX) && !(j < c->prefix || j <= i)) return false;
+    if (c->bits & CT_FLEX_MASK_DOCUMENT) {
+        int64_t r = (c->doc_batch == 1 ? 0 : b) * c->T;
+        const int32_t *kd = c->kvdoc ? c->kvdoc : c->qdoc;
+        if (c->qdoc[r + i] != kd[r + j]) return false;
+    }
+    return true;
+}
+
+static double fref_mod(const flex_ctx *c, double s, int64_t h, int64_t i, int64_t j)
+{
+    if (c->score == CT_FLEX_SCORE_SOFTCAP) return c->cap * tanh(s / c->cap);
+    if (c->score == CT_FLEX_SCORE_ALIBI) return s + (double)c->slopes[h] * (double)(j - i);
+    return s;
+}
+
+static double fref_dmod(const flex_ctx *c, double s)
+{
+    if (c->score != CT_FLEX_SCORE_SOFTCAP) return 1;
+    double t = tanh(s / c->cap);
+    return 1 - t * t;
+}
+
+/* Flex attention in double over every pair: out [B,T,H,E], lse [B,H,T] (a row with no kept key:
+ * out 0, lse -inf); with dq also dq, dk, dv. */
+static void flex_ref(const flex_ctx *c, double *out, double *lse, double *dq, double *dk, double *dv)
+{
+    int64_t T = c->T, H = c->H, Hk = c->Hk, E = c->E, G = H / Hk;
+    double *p = malloc((size_t)T * sizeof *p), *dp = malloc((size_t)T * sizeof *dp), *raw = malloc((size_t)T * sizeof *raw);
+    bool *kp = malloc((size_t)T * sizeof *kp);
+#define QI(b, t, h) ((((b) * T + (t)) * H + (h)) * E)
+#define KI(b, t, h) ((((b) * T + (t)) * Hk + (h)) * E)
+    for (int64_t b = 0; b < c->Bb; b++)
+        for (int64_t h = 0; h < H; h++) {
+            int64_t hk = h / G;
+            for (int64_t i = 0; i < T; i++) {
+                double m = -INFINITY, l = 0;
+                for (int64_t j = 0; j < T; j++) {
+                    kp[j] = fref_keep(c, b, i, j);
+                    if (!kp[j]) continue;
+                    double s = 0;
+                    for (int64_t e = 0; e < E; e++) s += (double)c->q[QI(b, i, h) + e] * c->k[KI(b, j, hk) + e];
+                    raw[j] = s * c->scale;
+                    p[j] = fref_mod(c, raw[j], h, i, j);
+                    m = p[j] > m ? p[j] : m;
+                }
+                if (m == -INFINITY) { /* no kept key */
+                    if (lse) lse[(b * H + h) * T + i] = -INFINITY;
+                    if (out)
+                        for (int64_t e = 0; e < E; e++) out[QI(b, i, h) + e] = 0;
+                    continue;
+                }
+                for (int64_t j = 0; j < T; j++)
+                    if (kp[j]) l += exp(p[j] - m);
+                double ls = m + log(l);
+                for (int64_t j = 0; j < T; j++) p[j] = kp[j] ? exp(p[j] - ls) : 0;
+                if (lse) lse[(b * H + h) * T + i] = ls;
+                if (out)
+                    for (int64_t e = 0; e < E; e++) {
+                        double s = 0;
+                        for (int64_t j = 0; j < T; j++) s += p[j] * c->v[KI(b, j, hk) + e];
+                        out[QI(b, i, h) + e] = s;
+                    }
+                if (!dq) continue;
+                /* D = rowsum(dout * out) from the out the slot is given (bf16-rounded for bf16),
+                 * as the definition has it (sum_j P dP with the exact out) */
+                double dsum = 0;
+                for (int64_t e = 0; e < E; e++) dsum += (double)c->dout[QI(b, i, h) + e] * c->out[QI(b, i, h) + e];
+                for (int64_t j = 0; j < T; j++) {
+                    if (!kp[j]) continue;
+                    double s = 0;
+                    for (int64_t e = 0; e < E; e++) s += (double)c->dout[QI(b, i, h) + e] * c->v[KI(b, j, hk) + e];
+                    dp[j] = s;
+                }
+                for (int64_t j = 0; j < T; j++) {
+                    if (!kp[j]) continue;
+                    double ds = p[j] * (dp[j] - dsum) * fref_dmod(c, raw[j]) * c->scale;
+                    for (int64_t e = 0; e < E; e++) {
+                        dq[QI(b, i, h) + e] += ds * c->k[KI(b, j, hk) + e];
+                        dk[KI(b, j, hk) + e] += ds * c->q[QI(b, i, h) + e];
+                        dv[KI(b, j, hk) + e] += p[j] * c->dout[QI(b, i, h) + e];
+                    }
+                }
+            }
+        }
+#undef QI
+#undef KI
+    free(p), free(dp), free(raw), free(kp);
+}
+
+/* The host mask_mod of a case (the AND of its bits' built-ins; noop without bits), kids kept in
+ * kids[] (freed by flex_mods_free). */
+typedef struct flex_mods_host {
+    ct_mask_mod kids[4], all;
+    int n;
+} flex_mods_host;
+
+static ct_status flex_mods_make(const flex_ctx *c, flex_mods_host *m)
+{
+    memset(m, 0, sizeof *m);
+    if (c->bits & CT_FLEX_MASK_CAUSAL) CT_TRY(ct_mask_mod_causal(&m->kids[m->n++]));
+    if (c->bits & CT_FLEX_MASK_WINDOW) CT_TRY(ct_mask_mod_sliding_window(c->window, false, &m->kids[m->n++]));
+    if (c->bits & CT_FLEX_MASK_PREFIX) CT_TRY(ct_mask_mod_prefix_lm(c->prefix, &m->kids[m->n++]));
+    if (c->bits & CT_FLEX_MASK_DOCUMENT)
+        CT_TRY(ct_mask_mod_document(c->qdoc, c->kvdoc, c->doc_batch, c->T, c->T, &m->kids[m->n++]));
+    if (m->n == 0) return ct_mask_mod_noop(&m->all);
+    if (m->n == 1) {
+        m->all = m->kids[0];
+        m->all.destroy = NULL; /* owned by kids[0] */
+        return CT_OK;
+    }
+    return ct_mask_mod_and(m->kids, m->n, &m->all);
+}
+
+static void flex_mods_free(flex_mods_host *m)
+{
+    ct_mask_mod_free(&m->all);
+    for (int i = 0; i < m->n; i++) ct_mask_mod_free(&m->kids[i]);
+}
+
+typedef struct flex_case {
+    const char *name;
+    int64_t Bb, T, H, Hk, E, bs;
+    unsigned bits;
+    int64_t window, prefix;
+    int doc; /* 0 none, 1 ids per batch, 2 one shared row, 3 kv ids apart (rows with no key) */
+    ct_flex_score score;
+    float cap;
+    bool rows_bh; /* the block mask keeps a row per batch and head (no broadcast) */
+} flex_case;
+
+/* Packed documents: lengths from a fixed pattern, shifted by the batch. */
+static void flex_docs(int32_t *ids, int64_t T, int64_t b)
+{
+    static const int lens[] = {23, 64, 5, 41, 90, 17};
+    int64_t t = 0;
+    for (int d = 0; t < T; d++)
+        for (int64_t n = lens[(d + b) % 6]; n > 0 && t < T; n--) ids[t++] = d;
+}
+
+static void test_flex(const tdev *D)
+{
+    static const flex_case cases[] = {
+        {"causal", 2, 17, 4, 2, 64, 64, CT_FLEX_MASK_CAUSAL, 0, 0, 0, CT_FLEX_SCORE_NONE, 0, false},
+        {"causal window 20", 1, 150, 2, 1, 64, 64, CT_FLEX_MASK_CAUSAL | CT_FLEX_MASK_WINDOW, 20, 0, 0,
+         CT_FLEX_SCORE_NONE, 0, false},
+        {"two-sided window 40", 1, 100, 2, 2, 32, 64, CT_FLEX_MASK_WINDOW, 40, 0, 0, CT_FLEX_SCORE_NONE, 0, false},
+        {"causal documents", 2, 131, 4, 1, 64, 64, CT_FLEX_MASK_CAUSAL | CT_FLEX_MASK_DOCUMENT, 0, 0, 1,
+         CT_FLEX_SCORE_NONE, 0, false},
+        {"shared documents", 2, 70, 2, 2, 16, 64, CT_FLEX_MASK_DOCUMENT, 0, 0, 2, CT_FLEX_SCORE_NONE, 0, false},
+        {"documents, rows without keys", 1, 90, 2, 1, 64, 64, CT_FLEX_MASK_DOCUMENT, 0, 0, 3, CT_FLEX_SCORE_NONE, 0,
+         false},
+        {"prefix 70", 1, 133, 2, 2, 128, 128, CT_FLEX_MASK_PREFIX, 0, 70, 0, CT_FLEX_SCORE_NONE, 0, false},
+        {"alibi, no mask", 1, 75, 4, 2, 64, 64, 0, 0, 0, 0, CT_FLEX_SCORE_ALIBI, 0, false},
+        {"alibi causal", 2, 33, 2, 1, 128, 128, CT_FLEX_MASK_CAUSAL, 0, 0, 0, CT_FLEX_SCORE_ALIBI, 0, false},
+        {"softcap causal window 30", 1, 90, 2, 2, 128, 128, CT_FLEX_MASK_CAUSAL | CT_FLEX_MASK_WINDOW, 30, 0, 0,
+         CT_FLEX_SCORE_SOFTCAP, 1.5f, false},
+        {"softcap, rows per b and h", 2, 40, 2, 1, 64, 64, CT_FLEX_MASK_CAUSAL, 0, 0, 0, CT_FLEX_SCORE_SOFTCAP, 3.0f,
+         true},
+        {"causal E256", 1, 37, 2, 1, 256, 64, CT_FLEX_MASK_CAUSAL, 0, 0, 0, CT_FLEX_SCORE_NONE, 0, false},
+    };
+    char what[160];
+    bool hf = HAS(D, flex_fwd), hb = HAS(D, flex_bwd);
+    if (!hf && !hb) return;
+    for (int ci = 0; ci < LEN(cases); ci++)
+        for (int dt = 0; dt < 2; dt++) {
+            const flex_case *fc = &cases[ci];
+            flex_ctx c = {.Bb = fc->Bb, .T = fc->T, .H = fc->H, .Hk = fc->Hk, .E = fc->E, .bs = fc->bs,
+                          .bits = fc->bits, .window = fc->window, .prefix = fc->prefix, .score = fc->score,
+                          .cap = fc->cap};
+            c.dtype = dt ? CT_DTYPE_BF16 : CT_DTYPE_F32;
+            c.scale = (float)(1.0 / sqrt((double)c.E));
+            size_t nq = (size_t)(c.Bb * c.T * c.H * c.E), nk = (size_t)(c.Bb * c.T * c.Hk * c.E);
+            size_t nl = (size_t)(c.Bb * c.H * c.T);
+            int32_t *qdoc = NULL, *kvdoc = NULL;
+            if (fc->doc) {
+                c.doc_batch = fc->doc == 2 ? 1 : c.Bb;
+                qdoc = malloc((size_t)(c.doc_batch * c.T) * 4);
+                for (int64_t b = 0; b < c.doc_batch; b++) flex_docs(qdoc + b * c.T, c.T, b);
+                if (fc->doc == 3) { /* the last document's queries find no key of theirs */
+                    kvdoc = malloc((size_t)(c.doc_batch * c.T) * 4);
+                    memcpy(kvdoc, qdoc, (size_t)(c.doc_batch * c.T) * 4);
+                    for (int64_t t = 0; t < c.doc_batch * c.T; t++)
+                        if (kvdoc[t] == qdoc[c.doc_batch * c.T - 1]) kvdoc[t] += 100;
+                }
+            }
+            c.qdoc = qdoc, c.kvdoc = kvdoc;
+            float slopes[8];
+            for (int64_t h = 0; h < c.H; h++) slopes[h] = (float)exp2(-8.0 * (double)(h + 1) / (double)c.H);
+            c.slopes = slopes;
+            flex_mods_host mh;
+            ct_block_mask *bm = NULL;
+            ct_status st = flex_mods_make(&c, &mh);
+            if (st == CT_OK) {
+                ct_mask_mod m = mh.all;
+                if (fc->rows_bh) m.uses_b = m.uses_h = true;
+                st = ct_block_mask_create(&m, c.Bb, c.H, c.T, c.T, c.bs, &bm);
+            }
+            CHECK_OK(st);
+            if (st != CT_OK) {
+                flex_mods_free(&mh);
+                free(qdoc), free(kvdoc);
+                continue;
+            }
+            if (fc->rows_bh) CHECK(bm->B == c.Bb && bm->H == c.H);
+            c.bm = bm;
+            float *q = fvec(nq, -2, 2), *k = fvec(nk, -2, 2), *v = fvec(nk, -1, 1), *dout = fvec(nq, -1, 1);
+            float *outf = malloc(nq * 4), *lsef = malloc(nl * 4);
+            uint16_t *qb = NULL, *kb = NULL, *vb = NULL, *db = NULL, *ob = NULL;
+            if (dt) qb = bf16_round(q, nq), kb = bf16_round(k, nk), vb = bf16_round(v, nk), db = bf16_round(dout, nq);
+            c.q = q, c.k = k, c.v = v, c.dout = dout, c.qb = qb, c.kb = kb, c.vb = vb, c.doutb = db;
+            double *ref = dvec(nq + nl), *gref = dvec(nq + 2 * nk);
+            flex_ref(&c, ref, ref + nq, NULL, NULL, NULL);
+            for (size_t i = 0; i < nq; i++) outf[i] = (float)ref[i];
+            for (size_t i = 0; i < nl; i++) lsef[i] = (float)ref[nq + i];
+            if (dt) ob = bf16_round(outf, nq);
+            c.out = outf, c.lse = lsef, c.outb = ob;
+            flex_ref(&c, NULL, NULL, gref, gref + nq, gref + nq + nk);
+            snprintf(what, sizeof what, "flex_fwd %s %s B%lld T%lld H%lld Hk%lld E%lld bs%lld", fc->name,
+                     dt ? "bf16" : "f32", (long long)c.Bb, (long long)c.T, (long long)c.H, (long long)c.Hk,
+                     (long long)c.E, (long long)c.bs);
+            if (hf) verify_ex(D, what, flex_run, &c, nq + nl, ref, dt ? 1e-2 : RTOL_RED, 0, 0);
+            c.bwd = true;
+            memcpy(what + 5, "bwd", 3);
+            if (hb) verify_ex(D, what, flex_run, &c, nq + 2 * nk, gref, dt ? 1e-2 : RTOL_RED, 0, 0);
+            free(q), free(k), free(v), free(dout), free(outf), free(lsef);
+            free(qb), free(kb), free(vb), free(db), free(ob), free(ref), free(gref);
+            ct_block_mask_free(bm);
+            flex_mods_free(&mh);
+            free(qdoc), free(kvdoc);
+        }
+
+    /* Refusals: compiled mods on every device (part 2), and on a GPU block sizes other than
+     * 64 / 128, each naming the cause. */
+    ct_mask_mod cm;
+    ct_block_mask *bm32 = NULL;
+    CHECK_OK(ct_mask_mod_causal(&cm));
+    CHECK_OK(ct_block_mask_create(&cm, 1, 1, 40, 40, 32, &bm32));
+    float *q = fvec(40 * 8, -1, 1);
+    static const int dummy = 0;
+    for (int kind = 0; kind < 2 && bm32 && q && hf; kind++) {
+        if (kind == 1 && !D->gpu) break;
+        flex_ctx c = {.Bb = 1, .T = 40, .H = 1, .Hk = 1, .E = 8, .bs = 32, .bits = CT_FLEX_MASK_CAUSAL,
+                      .scale = 0.35f, .dtype = CT_DTYPE_F32, .bm = bm32, .q = q, .k = q, .v = q,
+                      .compiled = kind == 0 ? &dummy : NULL};
+        double *res = dvec(40 * 8 + 40);
+        ct_clear_error();
+        ct_status s = flex_run(D, &c, res);
+        t_checks++;
+        const char *msg = ct_last_error();
+        if (s != CT_EUNSUPPORTED || !strstr(msg, kind == 0 ? "compiled" : "block size")) {
+            t_failures++;
+            fprintf(stderr, "  %s flex_fwd with %s: %s: %s (expected CT_EUNSUPPORTED naming it)\n", D->name,
+                    kind == 0 ? "compiled mods" : "block size 32", ct_status_name(s), msg);
+        }
+        free(res);
+    }
+    free(q);
+    ct_block_mask_free(bm32);
+    ct_mask_mod_free(&cm);
+}
+
 /* ---- optimizer ------------------------------------------------------------------------------ */
 
 typedef struct opt_ctx {
@@ -1261,6 +1604,7 @@ static void run_device(const tdev *D)
     test_ce(D);
     test_lce(D);
     test_attn(D);
+    test_flex(D);
     test_optim(D);
     printf("%s: %d failed checks\n", D->name, t_failures - before);
 }

@@ -74,6 +74,8 @@ static void check_table(const ct_backend_ops *o)
         {"sdpa_bwd", o->sdpa_bwd != NULL},
         {"adamw", o->adamw != NULL},
         {"sumsq", o->sumsq != NULL},
+        {"flex_fwd", o->flex_fwd != NULL},
+        {"flex_bwd", o->flex_bwd != NULL},
     };
     for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
         t_checks++;
