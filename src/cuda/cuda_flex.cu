@@ -153,6 +153,31 @@ __device__ __forceinline__ float mod_grad(const Mods &m, float s)
     return 1.0f;
 }
 
+/* What the mask is over the tile of queries [q0, q0 + nq) x keys [k0, k0 + nk) of a partial
+ * block: 0 every pair masked, 2 every pair kept, 1 mixed or not known (documents). From the
+ * band bits' structure in O(1), exact like the CPU mods' classifiers; a skipped tile adds
+ * exact zeros (nothing to a softmax sum, a maximum or a product), so the results are those of
+ * the per-pair mask (up to the sign of a zero). */
+__device__ __forceinline__ int tile_kind(const Mods &m, int64_t q0, int64_t nq, int64_t k0, int64_t nk)
+{
+    int64_t q1 = q0 + nq - 1, k1 = k0 + nk - 1; /* inclusive */
+    int64_t dmin = q0 - k1, dmax = q1 - k0;  /* the range of q - kv */
+    bool full = !(m.bits & CT_FLEX_MASK_DOCUMENT);
+    if (m.bits & CT_FLEX_MASK_CAUSAL) {
+        if (dmax < 0) return 0;
+        full = full && dmin >= 0;
+    }
+    if (m.bits & CT_FLEX_MASK_WINDOW) {
+        if (dmax < -m.window || dmin > m.window) return 0;
+        full = full && dmin >= -m.window && dmax <= m.window;
+    }
+    if (m.bits & CT_FLEX_MASK_PREFIX) {
+        if (k0 >= m.prefix && dmax < 0) return 0;
+        full = full && (k1 < m.prefix || dmin >= 0);
+    }
+    return full ? 2 : 1;
+}
+
 /* ---- block lists ---------------------------------------------------------------------------- */
 
 struct BList {
@@ -225,6 +250,9 @@ __global__ void __launch_bounds__(FX_THREADS)
             int64_t kend = (kb + 1) * mk.bs < d.T ? (kb + 1) * mk.bs : d.T;
             for (int64_t k0 = kb * mk.bs; k0 < kend; k0 += BR) {
                 int nk = (int)(kend - k0 < BR ? kend - k0 : BR);
+                int kind = partial ? tile_kind(md, q0, nq, k0, nk) : 2; /* block-uniform */
+                if (kind == 0) continue;
+                bool per_pair = kind == 1;
                 __syncthreads();
                 load_tile<T, BR>(Ks, S, k, b, k0, nk, hk, d.Hk, d, 1.0f);
                 load_tile<T, BR>(Vs, S, v, b, k0, nk, hk, d.Hk, d, 1.0f);
@@ -239,7 +267,7 @@ __global__ void __launch_bounds__(FX_THREADS)
                     for (int c = 0; c < KPL; c++) {
                         int j = lane + 32 * c;
                         float x = -INFINITY;
-                        if (j < nk && (!partial || keep_pair(md, b, tq, k0 + j)))
+                        if (j < nk && (!per_pair || keep_pair(md, b, tq, k0 + j)))
                             x = mod_score(md, dot(Qs + r * S, Ks + j * S, E), slope, tq, k0 + j);
                         s[c] = x;
                         mt = nan_max(mt, x);
@@ -352,6 +380,9 @@ __global__ void __launch_bounds__(FX_THREADS)
             int64_t kend = (kb + 1) * mk.bs < d.T ? (kb + 1) * mk.bs : d.T;
             for (int64_t k0 = kb * mk.bs; k0 < kend; k0 += BR) {
                 int nk = (int)(kend - k0 < BR ? kend - k0 : BR);
+                int kind = partial ? tile_kind(md, q0, nq, k0, nk) : 2; /* block-uniform */
+                if (kind == 0) continue;
+                bool per_pair = kind == 1;
                 __syncthreads();
                 load_tile<T, BR>(Ks, S, k, b, k0, nk, hk, d.Hk, d, 1.0f);
                 load_tile<T, BR>(Vs, S, v, b, k0, nk, hk, d.Hk, d, 1.0f);
@@ -365,7 +396,7 @@ __global__ void __launch_bounds__(FX_THREADS)
                     for (int c = 0; c < KPL; c++) {
                         int j = lane + 32 * c;
                         float ds = 0.0f;
-                        if (j < nk && (!partial || keep_pair(md, b, tq, k0 + j))) {
+                        if (j < nk && (!per_pair || keep_pair(md, b, tq, k0 + j))) {
                             float raw = dot(Qs + r * S, Ks + j * S, E);
                             float p = expf(mod_score(md, raw, slope, tq, k0 + j) - Lr[i]);
                             float dp = dot(Os + r * S, Vs + j * S, E);
@@ -436,6 +467,9 @@ __global__ void __launch_bounds__(FX_THREADS)
                 int64_t qend = (qb + 1) * mk.bs < d.T ? (qb + 1) * mk.bs : d.T;
                 for (int64_t q0 = qb * mk.bs; q0 < qend; q0 += BR) {
                     int nq = (int)(qend - q0 < BR ? qend - q0 : BR);
+                    int kind = partial ? tile_kind(md, q0, nq, k0, nk) : 2; /* block-uniform */
+                    if (kind == 0) continue;
+                    bool per_pair = kind == 1;
                     __syncthreads();
                     load_tile<T, BR>(Qs, S, q, b, q0, nq, h, d.H, d, d.scale);
                     load_tile<T, BR>(Os, S, dout, b, q0, nq, h, d.H, d, 1.0f);
@@ -454,7 +488,7 @@ __global__ void __launch_bounds__(FX_THREADS)
                         for (int c = 0; c < KPL; c++) {
                             int qi = lane + 32 * c;
                             float p = 0.0f, ds = 0.0f;
-                            if (qi < nq && (!partial || keep_pair(md, b, q0 + qi, tk))) {
+                            if (qi < nq && (!per_pair || keep_pair(md, b, q0 + qi, tk))) {
                                 float raw = dot(Qs + qi * S, Ks + jr * S, E);
                                 p = expf(mod_score(md, raw, slope, q0 + qi, tk) - Ls[qi]);
                                 float dp = dot(Os + qi * S, Vs + jr * S, E);

@@ -1402,6 +1402,8 @@ static void test_flex(const tdev *D)
         {"causal", 2, 17, 4, 2, 64, 64, CT_FLEX_MASK_CAUSAL, 0, 0, 0, CT_FLEX_SCORE_NONE, 0, false},
         {"causal window 20", 1, 150, 2, 1, 64, 64, CT_FLEX_MASK_CAUSAL | CT_FLEX_MASK_WINDOW, 20, 0, 0,
          CT_FLEX_SCORE_NONE, 0, false},
+        {"causal window 130 (sub-tiles full / empty)", 1, 300, 2, 1, 64, 128,
+         CT_FLEX_MASK_CAUSAL | CT_FLEX_MASK_WINDOW, 130, 0, 0, CT_FLEX_SCORE_NONE, 0, false},
         {"two-sided window 40", 1, 100, 2, 2, 32, 64, CT_FLEX_MASK_WINDOW, 40, 0, 0, CT_FLEX_SCORE_NONE, 0, false},
         {"causal documents", 2, 131, 4, 1, 64, 64, CT_FLEX_MASK_CAUSAL | CT_FLEX_MASK_DOCUMENT, 0, 0, 1,
          CT_FLEX_SCORE_NONE, 0, false},
