@@ -1218,7 +1218,7 @@ static ct_status flex_run(const tdev *D, const void *vc, double *res)
         fa.mods.q_doc = tb_new(&B, c->qdoc, (size_t)(c->doc_batch * c->T) * 4);
         if (c->kvdoc) fa.mods.kv_doc = tb_new(&B, c->kvdoc, (size_t)(c->doc_batch * c->T) * 4);
     }
-    if (c->score == CT_FLEX_SCORE_ALIBI) fa.mods.alibi_slopes = tb_new(&B, c->slopes, (size_t)c->H * 4);
+    if (c->score == CT_FLEX_SCORE_ALIBI && c->slopes) fa.mods.alibi_slopes = tb_new(&B, c->slopes, (size_t)c->H * 4);
     ct_dev_block_mask dm = {0};
     if (B.st == CT_OK) B.st = ct_dev_block_mask_upload(D->d, c->bm, &dm);
     fa.block_mask = &dm;
@@ -1515,6 +1515,33 @@ static void test_flex(const tdev *D)
         }
         free(res);
     }
+    /* Bad arguments on every device: unknown mask bits, a document batch that is neither 1
+     * nor B, ALiBi without slopes (CT_EINVAL naming the rule); a NULL mask to the upload. */
+    ct_block_mask *bm64 = NULL;
+    CHECK_OK(ct_block_mask_create(&cm, 1, 1, 40, 40, 64, &bm64));
+    static const int32_t docs[2 * 40];
+    for (int kind = 0; kind < 3 && bm64 && q && hf; kind++) {
+        flex_ctx c = {.Bb = 1, .T = 40, .H = 1, .Hk = 1, .E = 8, .bs = 64, .scale = 0.35f, .dtype = CT_DTYPE_F32,
+                      .bm = bm64, .q = q, .k = q, .v = q};
+        if (kind == 0) c.bits = 1u << 7;
+        if (kind == 1) c.bits = CT_FLEX_MASK_DOCUMENT, c.qdoc = docs, c.doc_batch = 2;
+        if (kind == 2) c.score = CT_FLEX_SCORE_ALIBI; /* slopes NULL: none uploaded */
+        double *res = dvec(40 * 8 + 40);
+        ct_clear_error();
+        ct_status s = flex_run(D, &c, res);
+        t_checks++;
+        const char *msg = ct_last_error(), *want = kind == 0 ? "mask bits" : kind == 1 ? "doc_batch" : "slopes";
+        if (s != CT_EINVAL || !strstr(msg, want)) {
+            t_failures++;
+            fprintf(stderr, "  %s flex_fwd bad argument %d: %s: %s (expected CT_EINVAL naming %s)\n", D->name, kind,
+                    ct_status_name(s), msg, want);
+        }
+        free(res);
+    }
+    ct_dev_block_mask dm;
+    ct_clear_error();
+    CHECK(ct_dev_block_mask_upload(D->d, NULL, &dm) == CT_EINVAL && strstr(ct_last_error(), "block mask"));
+    ct_block_mask_free(bm64);
     free(q);
     ct_block_mask_free(bm32);
     ct_mask_mod_free(&cm);
