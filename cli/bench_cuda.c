@@ -13,8 +13,8 @@
  *
  * Timing: one warm-up (two for GEMMs), then the median of >= 10 runs, each ended by
  * ct_device_sync and timed with the wall clock. Peak bytes are those ct_device_memory_stats
- * counts: buffers allocated through the device layer. A backend's own scratch (its pool) is
- * not in them; the output says so. */
+ * counts: buffers allocated through the device layer and the backend's own scratch and GEMM
+ * workspace (counted through ct_backend_host.account). */
 #include "bench_util.h"
 #include "device/device_internal.h"
 
@@ -230,7 +230,7 @@ static json_t *cb_loss(ct_device *d, int64_t N, int64_t Dm, int64_t V, int repea
     json_t *j = json_pack("{s:I, s:I, s:I, s:s, s:s}", "N", (json_int_t)N, "D", (json_int_t)Dm, "V", (json_int_t)V,
                           "dtype", "bf16", "peak_counts",
                           "device buffers through ct_dev_alloc above the inputs and gradient buffers (h, W, "
-                          "targets, loss, lse, dh, dW); a backend's own scratch pool is not counted");
+                          "targets, loss, lse, dh, dW), with the backend's own scratch and GEMM workspace");
     int32_t *tg = malloc((size_t)N * sizeof *tg);
     ct_status st = tg ? CT_OK : ct_error(CT_ENOMEM, "bench cuda: targets");
     for (int64_t i = 0; tg && i < N; i++) tg[i] = (int32_t)((uint64_t)(i * 2654435761u) % (uint64_t)V);
@@ -304,7 +304,7 @@ static const cb_train_case cb_train_cases[] = {
  * per step) with dense causal attention, no document mask, f32 or bf16 products. Times
  * CB_TRAIN_WARMUP + repeats steps, each followed by ct_device_sync; the peak is the device
  * layer's high-water mark from before the trainer's creation (parameters, gradients, AdamW
- * moments, activations; not the backend's own scratch pool). */
+ * moments, activations, the backend's scratch and GEMM workspace). */
 static json_t *cb_train_ctorch(ct_device *d, const ct_gpt_config *cfg, int64_t B, ct_dtype dt, int repeats)
 {
     bench_train_conf bc = {*cfg, B};
@@ -592,8 +592,8 @@ int bench_cuda(bench_ctx *b, int argc, char **argv)
                               "warmup_steps", CB_TRAIN_WARMUP, "repeats", repeats);
     json_object_set_new(train, "peak_counts",
                         json_string("ctorch: device buffers through ct_dev_alloc from before the trainer's creation "
-                                    "(parameters, gradients, AdamW moments, activations; a backend's own scratch pool "
-                                    "is not counted); PyTorch: torch.cuda.max_memory_allocated from before the model "
+                                    "(parameters, gradients, AdamW moments, activations, the backend's scratch and "
+                                    "GEMM workspace); PyTorch: torch.cuda.max_memory_allocated from before the model "
                                     "moved to the GPU"));
     json_object_set_new(train, "rows", rows);
     json_object_set_new(r, "train_step", train);
