@@ -1846,6 +1846,10 @@ int cmd_train(int argc, char **argv)
         return 0;
     }
     if (rc) return rc;
+    if (r.device && r.dist && strcmp(r.device, "cpu")) { /* before any rank starts */
+        fprintf(stderr, "ctorch train: --device %s: --fsdp / --dp run on the CPU only\n", r.device);
+        return 1;
+    }
     if (r.nproc) return spawn_nproc(&r, argc, argv);
     if (r.threads && (rc = ct_set_num_threads((int)r.threads)))
         return cli_fail("train: --threads", (ct_status)rc);
