@@ -43,7 +43,7 @@ static void usage(FILE *f)
         "                      ids), \"prompt_tok_s\", \"decode_tok_s\"}\n"
         "  --no-cache          the baseline: recompute the whole sequence for every token\n"
         "  --device D          cpu (default), cuda or cuda:N: the model from a ctorch checkpoint\n"
-        "                      on that device (GPU: dense causal attention, no KV cache yet)\n"
+        "                      on that device (GPU: no KV cache yet: the sequence recomputed)\n"
         "Prompt and decode speeds (tokens/s) go to stderr (in --json, into the line).\n"
         "Exit status: 0 done, 1 a failure (the message says what), 2 a bad option.\n");
 }
@@ -383,16 +383,16 @@ int cmd_generate(int argc, char **argv)
     const char *tr = f ? ct_tensor_file_metadata_get(f, "train") : NULL;
     ct_train_options to = ct_train_options_default();
     if (tr && ct_train_options_from_json(tr, &to) == CT_OK) mo.eos_token = to.eos_token;
-    if (dopt.kind != CT_DEVICE_CPU) { /* a GPU: dense causal attention, the sequence recomputed */
+    if (dopt.kind != CT_DEVICE_CPU) { /* a GPU: FlexAttention's built-in masks, no KV cache */
         if (hf) {
             fprintf(stderr, "ctorch generate: --device: a Hugging Face directory is read in place "
                             "on the CPU; convert it to a checkpoint for a GPU\n");
             rc = 1;
             goto done;
         }
-        if (cfg.window || cfg.score_mod[0] || cfg.mask_mod[0]) {
-            fprintf(stderr, "ctorch generate: --device: a window or compiled mods need "
-                            "FlexAttention, which does not run on GPUs yet\n");
+        if (cfg.score_mod[0] || cfg.mask_mod[0]) {
+            fprintf(stderr, "ctorch generate: --device: compiled score_mod / mask_mod do not run "
+                            "on GPUs yet\n");
             rc = 1;
             goto done;
         }
@@ -401,9 +401,7 @@ int cmd_generate(int argc, char **argv)
             goto done;
         }
         mo.device = dev;
-        mo.dense_attention = true;
-        mo.eos_token = -1;
-        no_cache = true;
+        no_cache = true; /* the sequence recomputed for each token (the model's own forward) */
     }
     /* a directory's weights are read in place from the mapped files, in their dtype (no
      * copy, no parameter arrays) */

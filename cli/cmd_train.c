@@ -88,9 +88,9 @@ static void usage(FILE *f)
         "  --log-every N        progress lines when stderr is not a terminal (steps / 20)\n"
         "  --quiet              no progress line\n"
         "  --device D           cpu (default), cuda or cuda:N (libctorch_cuda.so, docs/cuda.md):\n"
-        "                       on a GPU the model runs dense causal attention (no document\n"
-        "                       mask, window or mods until FlexAttention runs there); not a\n"
-        "                       training setting: --resume may change it\n"
+        "                       on a GPU FlexAttention takes causal, --window and the\n"
+        "                       document mask (compiled mods: not yet), dense attention is\n"
+        "                       causal only; not a training setting: --resume may change it\n"
         "  --dump-grads FILE    write the weights (initial, or the --resume checkpoint's), the "
         "loss\n"
         "                       and every gradient of the first micro-batch to FILE (safetensors)\n"
@@ -1011,8 +1011,9 @@ static int init_weights(run *r, ct_trainer *t)
     return 0;
 }
 
-/* --device: open it; on a GPU the model runs dense causal attention (API 1 of the device table
- * has no FlexAttention): the document mask is dropped with a note, a window or mods refused. */
+/* --device: open it. On a GPU FlexAttention takes the built-in masks (causal, window,
+ * documents); compiled --score-mod / --mask-mod are refused, and dense attention is causal only
+ * (its document mask is dropped with a note). */
 static int open_device(run *r)
 {
     ct_device_options o = ct_device_options_default();
@@ -1023,21 +1024,24 @@ static int open_device(run *r)
         fprintf(stderr, "ctorch train: --device %s: --fsdp / --dp run on the CPU only\n", r->device);
         return 1;
     }
-    if (r->cfg.window || r->cfg.score_mod[0] || r->cfg.mask_mod[0]) {
-        fprintf(stderr, "ctorch train: --device %s: a window, --score-mod or --mask-mod need "
-                        "FlexAttention, which does not run on GPUs yet\n", r->device);
+    if (r->cfg.score_mod[0] || r->cfg.mask_mod[0]) {
+        fprintf(stderr, "ctorch train: --device %s: compiled --score-mod / --mask-mod do not run "
+                        "on GPUs yet (FlexAttention there takes causal, --window and the document "
+                        "mask)\n", r->device);
+        return 1;
+    }
+    if (r->to.dense_attention && r->cfg.window) {
+        fprintf(stderr, "ctorch train: --device %s: dense attention on a GPU is causal only "
+                        "(a --window runs through FlexAttention: drop --dense-attention)\n",
+                r->device);
         return 1;
     }
     if ((s = ct_device_open(&o, &r->dev))) return cli_fail("train: --device", s);
     r->to.device = r->dev;
-    if (!r->to.dense_attention && !r->quiet)
-        fprintf(stderr, "note: %s runs dense causal attention (FlexAttention is CPU-only so far)\n",
-                r->device);
-    r->to.dense_attention = true;
-    if (r->to.eos_token >= 0) {
+    if (r->to.dense_attention && r->to.eos_token >= 0) {
         if (!r->quiet)
-            fprintf(stderr, "note: %s: no document mask (attention crosses EOS boundaries, as "
-                            "--no-doc-mask)\n", r->device);
+            fprintf(stderr, "note: %s: dense attention is causal only there: no document mask "
+                            "(as --no-doc-mask; FlexAttention keeps it)\n", r->device);
         r->to.eos_token = -1;
     }
     return 0;

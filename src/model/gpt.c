@@ -291,12 +291,16 @@ ct_status gpt_create(const ct_gpt_config *cfg, const ct_gpt_options *opt, bool o
         if (!own_params)
             return ct_error(CT_EUNSUPPORTED, "ct_gpt_create: a sharded model runs on the CPU only "
                                              "(%s asked)", dn);
-        if (!o.dense_attention || cfg->window || o.eos_token >= 0 || cfg->score_mod[0] ||
-            cfg->mask_mod[0])
+        if (cfg->score_mod[0] || cfg->mask_mod[0])
             return ct_error(CT_EUNSUPPORTED,
-                            "ct_gpt_create: on %s the model runs dense causal attention only "
-                            "(dense_attention true; no window, eos_token, score_mod or mask_mod: "
-                            "FlexAttention on GPUs is not built yet)",
+                            "ct_gpt_create: on %s compiled score_mod / mask_mod are not run yet "
+                            "(FlexAttention there takes the built-in masks: causal, window, "
+                            "documents)",
+                            dn);
+        if (o.dense_attention && (cfg->window || o.eos_token >= 0))
+            return ct_error(CT_EUNSUPPORTED,
+                            "ct_gpt_create: on %s dense attention is causal only (a window or "
+                            "documents run through FlexAttention: dense_attention false)",
                             dn);
     }
     ct_gpt *m;
@@ -340,7 +344,7 @@ ct_status gpt_create(const ct_gpt_config *cfg, const ct_gpt_options *opt, bool o
     } else if ((s = ct_dev_alloc(dev, fbytes ? fbytes : 4, "ct_gpt RoPE frequencies",
                                  (void **)&m->inv_freq_dev)) ||
                (s = ct_dev_h2d(dev, m->inv_freq_dev, m->inv_freq, fbytes)) ||
-               (s = ct_calloc((void **)&m->stage, 2 * (size_t)o.batch * (size_t)o.seq *
+               (s = ct_calloc((void **)&m->stage, 3 * (size_t)o.batch * (size_t)o.seq *
                                                       sizeof(int32_t)))) {
         ct_gpt_free(m);
         return s;
@@ -380,6 +384,7 @@ ct_status gpt_create(const ct_gpt_config *cfg, const ct_gpt_options *opt, bool o
 
 static void free_masks(ct_gpt *m)
 {
+    ct_dev_block_mask_free(m->dev, &m->dbm);
     ct_block_mask_free(m->bm);
     m->bm = NULL;
     ct_mask_mod_free(&m->and_mask);
@@ -610,13 +615,27 @@ static ct_status head_view(ct_tensor *t, float *data, int64_t B, int64_t T, int6
 }
 
 /* Document ids of the current batch: the id grows after each EOS token. */
+/* The host copies of the batch's inputs and document ids: the activations on the CPU; on a
+ * GPU the staging area (inputs, targets, documents), the documents uploaded after. */
+static int32_t *host_inp(const ct_gpt *m)
+{
+    return gpt_host(m) ? m->a.inp : m->stage;
+}
+
+static int32_t *host_doc(const ct_gpt *m, int64_t B, int64_t T)
+{
+    return gpt_host(m) ? m->a.doc : m->stage + 2 * B * T;
+}
+
 static void doc_ids(ct_gpt *m, int64_t B, int64_t T)
 {
+    const int32_t *inp = host_inp(m);
+    int32_t *doc = host_doc(m, B, T);
     for (int64_t b = 0; b < B; b++) {
         int32_t d = 0;
         for (int64_t t = 0; t < T; t++) {
-            m->a.doc[b * T + t] = d;
-            if (m->a.inp[b * T + t] == m->opt.eos_token) d++;
+            doc[b * T + t] = d;
+            if (inp[b * T + t] == m->opt.eos_token) d++;
         }
     }
 }
@@ -626,7 +645,11 @@ static ct_status prepare_mask(ct_gpt *m, int64_t B, int64_t T)
 {
     bool docs = m->opt.eos_token >= 0;
     int64_t W = m->cfg.window;
-    if (docs) doc_ids(m, B, T);
+    if (docs) {
+        doc_ids(m, B, T);
+        if (!gpt_host(m)) /* the flex slots read the ids on the device */
+            CT_TRY(ct_dev_h2d(m->dev, m->a.doc, host_doc(m, B, T), (size_t)(B * T) * sizeof(int32_t)));
+    }
     if (m->opt.dense_attention) {
         if (!gpt_dense_mask(m)) return CT_OK; /* causal: no mask to build */
         for (int64_t b = 0; b < B; b++)
@@ -642,15 +665,38 @@ static ct_status prepare_mask(ct_gpt *m, int64_t B, int64_t T)
     free_masks(m);
     const ct_mask_mod *mm = &m->base_mask;
     if (docs) {
-        CT_TRY(ct_mask_mod_document(m->a.doc, NULL, B, T, T, &m->doc_mask));
+        CT_TRY(ct_mask_mod_document(host_doc(m, B, T), NULL, B, T, T, &m->doc_mask));
         ct_mask_mod two[2] = {m->base_mask, m->doc_mask};
         CT_TRY(ct_mask_mod_and(two, 2, &m->and_mask));
         mm = &m->and_mask;
     }
     int64_t bs = T <= 256 ? 64 : 128;
     CT_TRY(ct_block_mask_create(mm, B, m->cfg.n_head, T, T, bs, &m->bm));
+    if (!gpt_host(m)) CT_TRY(ct_dev_block_mask_upload(m->dev, m->bm, &m->dbm)); /* once a mask */
     m->bm_T = docs ? 0 : T;
     return CT_OK;
+}
+
+/* FlexAttention on a GPU: the flex slots over the uploaded block mask with the model's
+ * built-in masks (causal, or its window; documents by their device ids). */
+static ct_flex_args flex_args(const ct_gpt *m, ct_attn_args a)
+{
+    ct_flex_args f;
+    memset(&f, 0, sizeof f);
+    f.attn = a;
+    f.block_mask = &m->dbm;
+    f.mods.mask = CT_FLEX_MASK_CAUSAL;
+    if (m->cfg.window) {
+        f.mods.mask |= CT_FLEX_MASK_WINDOW;
+        f.mods.window = m->cfg.window;
+    }
+    if (m->opt.eos_token >= 0) {
+        f.mods.mask |= CT_FLEX_MASK_DOCUMENT;
+        f.mods.q_doc = m->a.doc;
+        f.mods.doc_batch = a.B;
+    }
+    f.mods.score = CT_FLEX_SCORE_NONE;
+    return f;
 }
 
 /* The dense attention of layer l through the device's sdpa slots (causal, or the [B, T, T]
@@ -678,7 +724,14 @@ static ct_status attention_forward(const ct_gpt *m, const gpt_block_io *io)
         GPT_DEV(m, sdpa_fwd, &a);
         return CT_OK;
     }
-    ct_tensor q, k, v, o, lse; /* flex: the CPU (ct_gpt_create refuses it elsewhere) */
+    if (!gpt_host(m)) {
+        ct_attn_args a = {B, T, H, K, E, 1.0f / sqrtf((float)E), io->q, io->k, io->v, io->att,
+                          io->lse, NULL, CT_DTYPE_F32};
+        ct_flex_args f = flex_args(m, a);
+        GPT_DEV(m, flex_fwd, &f);
+        return CT_OK;
+    }
+    ct_tensor q, k, v, o, lse; /* flex on the CPU: its tile kernels and compiled mods */
     CT_TRY(head_view(&q, io->q, B, T, H, E));
     CT_TRY(head_view(&k, io->k, B, T, K, E));
     CT_TRY(head_view(&v, io->v, B, T, K, E));
@@ -696,6 +749,14 @@ static ct_status attention_backward(ct_gpt *m, int l, int64_t B, int64_t T)
         ct_attn_args a = dense_args(m, l, B, T);
         ct_attn_grads g = {m->a.datt, m->a.dq, m->a.dk, m->a.dv};
         GPT_DEV(m, sdpa_bwd, &a, &g);
+        return CT_OK;
+    }
+    if (!gpt_host(m)) {
+        ct_attn_args a = dense_args(m, l, B, T);
+        a.mask = NULL;
+        ct_flex_args f = flex_args(m, a);
+        ct_attn_grads g = {m->a.datt, m->a.dq, m->a.dk, m->a.dv};
+        GPT_DEV(m, flex_bwd, &f, &g);
         return CT_OK;
     }
     const ct_gpt_config *c = &m->cfg;
@@ -948,10 +1009,8 @@ static ct_status logits_of(ct_gpt *m, const int32_t *tokens, int64_t B, int64_t 
 {
     int64_t V = m->cfg.vocab_size, C = m->cfg.d_model;
     CT_TRY(gpt_acts_ready(m));
-    if (gpt_host(m))
-        memcpy(m->a.inp, tokens, (size_t)(B * T) * sizeof(int32_t));
-    else
-        CT_TRY(ct_dev_h2d(m->dev, m->a.inp, tokens, (size_t)(B * T) * sizeof(int32_t)));
+    memcpy(host_inp(m), tokens, (size_t)(B * T) * sizeof(int32_t)); /* documents read it */
+    if (!gpt_host(m)) CT_TRY(ct_dev_h2d(m->dev, m->a.inp, m->stage, (size_t)(B * T) * sizeof(int32_t)));
     CT_TRY(forward_body(m, B, T));
     gpt_input x;
     CT_TRY(gpt_layer_input(m, m->a.lnf + r0 * C, rows * C, &x));

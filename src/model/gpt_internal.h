@@ -82,6 +82,7 @@ struct ct_gpt {
     ct_mask_mod causal_mask, user_mask; /* with cfg.mask_mod: base_mask = causal AND user */
     ct_score_mod user_score;            /* cfg.score_mod compiled (fwd NULL: none) */
     ct_block_mask *bm;
+    ct_dev_block_mask dbm; /* a GPU model: bm's lists on the device (flex_fwd / flex_bwd) */
     int64_t bm_T; /* T of the cached causal block mask (0: none cached) */
     float *inv_freq; /* [E / 2] RoPE inverse frequencies (ct_gpt_rope_inv_freq) */
     bool mapped;     /* weight views point into a mapped file (ct_hf_map_params): inference only */

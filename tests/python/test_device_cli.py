@@ -106,14 +106,17 @@ def test_generate_on_an_unusable_gpu_fails_with_the_reason(full_causal):
     assert r.stdout == "", r.stdout
 
 
-def test_a_window_on_a_gpu_is_refused_by_name(tmp_path, tiny_run):
-    """A sliding window needs FlexAttention (CPU only so far): refused before any GPU is opened."""
-    r = run("generate", "--model", tiny_run / "checkpoint.safetensors", "--max-new-tokens", 4, "--device", "cuda")
+def test_what_a_gpu_does_not_run_is_refused_by_name(tmp_path):
+    """Compiled mods (FlexAttention on GPUs takes the built-in masks only) and a window with
+    dense attention (causal only there): refused before any GPU is opened."""
+    r = run("train", *TINY, "--score-mod", "score + 0.05 * (kv - q)", "--steps", 1, "--quiet", "--out",
+            tmp_path / "run", "--device", "cuda")
     no_crash(r)
-    assert r.returncode == 1 and "window" in r.stderr and "FlexAttention" in r.stderr, r.stderr
-    r = run("train", *TINY, "--window", 6, "--steps", 1, "--quiet", "--out", tmp_path / "run", "--device", "cuda")
+    assert r.returncode == 1 and "--score-mod" in r.stderr and "GPU" in r.stderr, r.stderr
+    r = run("train", *TINY, "--window", 6, "--dense-attention", "--steps", 1, "--quiet", "--out",
+            tmp_path / "run2", "--device", "cuda")
     no_crash(r)
-    assert r.returncode == 1 and "window" in r.stderr and "FlexAttention" in r.stderr, r.stderr
+    assert r.returncode == 1 and "--window" in r.stderr and "FlexAttention" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("what", ["missing", "not a library", "no entry point"])
