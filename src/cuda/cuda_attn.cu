@@ -21,6 +21,7 @@
  * kernels, so the backward's probabilities exp(s - lse) use the forward's scores. Every sum
  * has a fixed order (no atomics, launch shapes from the sizes): the same bits run to run.
  */
+#include "cuda/cuda_attn_common.cuh"
 #include "cuda/cuda_internal.cuh"
 
 #include <cuda_bf16.h>
@@ -28,71 +29,11 @@
 
 #define AT_THREADS 256
 #define AT_WARPS (AT_THREADS / 32)
-#define AT_FULL_MASK 0xffffffffu
 #define AT_E_MAX 256
 
 namespace {
 
-struct Dims {
-    int64_t B, T, H, Hk, E, G; /* G = H / Hk */
-    float scale;
-};
-
-__device__ __forceinline__ float ld_elem(const float *p, int64_t i)
-{
-    return p[i];
-}
-__device__ __forceinline__ float ld_elem(const uint16_t *p, int64_t i)
-{
-    return __uint_as_float((uint32_t)p[i] << 16);
-}
-__device__ __forceinline__ void st_elem(float *p, int64_t i, float v)
-{
-    p[i] = v;
-}
-__device__ __forceinline__ void st_elem(uint16_t *p, int64_t i, float v)
-{
-    p[i] = __bfloat16_as_ushort(__float2bfloat16_rn(v)); /* round to nearest even */
-}
-
-__device__ __forceinline__ float nan_max(float a, float b)
-{
-    return (a > b || a != a) ? a : b;
-}
-
-__device__ __forceinline__ float warp_sum(float v)
-{
-    for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(AT_FULL_MASK, v, s);
-    return v;
-}
-
-__device__ __forceinline__ float warp_max(float v)
-{
-    for (int s = 16; s > 0; s >>= 1) v = nan_max(v, __shfl_xor_sync(AT_FULL_MASK, v, s));
-    return __shfl_sync(AT_FULL_MASK, v, 0); /* one lane's value for all (-0 vs +0) */
-}
-
-/* Rows t0..t0+n-1 of head hh of x [B, T, HH, E] into sm [BR][S] as f32 times mul; rows n..BR-1
- * zero. */
-template <typename T, int BR>
-__device__ void load_tile(float *sm, int S, const T *x, int64_t b, int64_t t0, int n, int64_t hh,
-                          int64_t HH, const Dims &d, float mul)
-{
-    int E = (int)d.E;
-    for (int idx = threadIdx.x; idx < BR * E; idx += blockDim.x) {
-        int r = idx / E, e = idx - r * E;
-        float v = 0.0f;
-        if (r < n) v = mul * ld_elem(x, ((b * d.T + t0 + r) * HH + hh) * d.E + e);
-        sm[r * S + e] = v;
-    }
-}
-
-__device__ __forceinline__ float dot(const float *a, const float *b, int E)
-{
-    float s = 0.0f;
-    for (int e = 0; e < E; e++) s += a[e] * b[e];
-    return s;
-}
+using namespace ctcu_attn;
 
 /* ---- forward ----------------------------------------------------------------------------- */
 
