@@ -48,7 +48,8 @@ do_pack() {
   # OpenBLAS is dlopen()ed (src/ops/blas.c): add it by name, then the closure of every ldd.
   local seeds=("$stage"/bin/* "$stage/lib/libctorch_cuda.so")
   local ob
-  ob=$(ldconfig -p | awk '/libopenblas\.so\.0 .*x86-64/ {print $NF; exit}')
+  # (awk reads to the end: an early exit would SIGPIPE ldconfig, which pipefail turns into 141)
+  ob=$(ldconfig -p | awk '/libopenblas\.so\.0 .*x86-64/ && !f {print $NF; f = 1}')
   [ -n "$ob" ] && seeds+=("$ob")
   # Kept out: glibc's own libraries, the C++ runtime, the GPU driver (all on the device image).
   local skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|librt\.so|libpthread\.so|libutil\.so|libresolv\.so|libstdc\+\+\.so|libgcc_s\.so|libcuda\.so|libnvidia)'
