@@ -142,9 +142,63 @@ typedef struct ct_flex_mods {
     ct_flex_score score;
     float softcap;              /* CT_FLEX_SCORE_SOFTCAP: finite, > 0 */
     const float *alibi_slopes;  /* CT_FLEX_SCORE_ALIBI: device f32 [H] (query heads) */
-    const void *compiled;       /* compiled (jit) mods: not in API version 1; must be NULL
-                                   (a slot answers CT_EUNSUPPORTED) */
+    const struct ct_flex_jit *compiled; /* compiled (jit) mods (below); NULL: none */
 } ct_flex_mods;
+
+/* ---- compiled (jit) mods on a device (slots flex_jit_build / _load / _unload) --------------
+ * A user's score_mod / mask_mod compiled by libctorch's jit (src/jit) runs on a GPU as device
+ * functions compiled into the flex kernels at run time. libctorch writes the mods' source
+ * (src/jit/codegen_cuda.c), keeps the on-disk cache of built images (docs/compile.md) and
+ * uploads the bound arrays; the backend compiles (flex_jit_build: NVRTC on CUDA, the host
+ * compiler on the emulated device), loads (flex_jit_load) and launches.
+ *
+ * The mods' source (C++ for the device, no #include) relies on a prelude the backend puts
+ * before it: int32_t / int64_t / uint8_t / uint16_t, INFINITY and NAN, the device math of
+ * CUDA (expf, logf, tanhf, sqrtf, floorf, fabsf, fminf, fmaxf, __fdiv_rn, ...), the
+ * __device__ / __forceinline__ keywords, and
+ *     struct ctj_arr { const void *data; int64_t shape[4], stride[4], numel, gofs; };
+ * (the layout of ct_flex_jit_arr). It defines, with names starting ctj_ only:
+ *     #define CTJ_MASK 0|1     a mask mod is present
+ *     #define CTJ_SCORE 0|1    a score mod is present
+ *     #define CTJ_NPG n        param-grad terms per element (0: no array has a gradient)
+ *     __device__ bool ctj_mask(const ctj_arr *A, int64_t b, int64_t h, int64_t q, int64_t kv);
+ *     __device__ float ctj_score(const ctj_arr *A, float s, int64_t b, int64_t h, int64_t q,
+ *                                int64_t kv);
+ *     __device__ float ctj_score_grad(const ctj_arr *A, float s, int64_t b, int64_t h,
+ *                                     int64_t q, int64_t kv, float g, int64_t *pidx,
+ *                                     float *pval);
+ * (only those present; ctj_score_grad only with CTJ_SCORE). ctj_score_grad gets the score s
+ * before the mod and g = dL / d score_mod(s), returns dL / ds and writes CTJ_NPG terms
+ * (pidx[t]: an index into the param-grad vector, pval[t]: the value to add there; pval 0
+ * adds nothing). A's entries are the bound arrays, mask mod's first then the score mod's,
+ * indices already clamped into their arrays by the generated code.
+ *
+ * The kernels evaluate the built-in mods of ct_flex_mods as without jit and AND the compiled
+ * mask into the pair mask (partial blocks only: the block mask, built on the host from the
+ * same mask mod, decides empty and full blocks); a compiled score mod replaces the built-in
+ * score (score must be CT_FLEX_SCORE_NONE with it). */
+#define CT_FLEX_JIT_MAX_ARRAYS 32
+
+typedef struct ct_flex_jit_arr {
+    const void *data; /* device memory */
+    int64_t shape[4], stride[4]; /* elements, row-major */
+    int64_t numel;
+    int64_t gofs; /* offset of its gradient in the param-grad vector (arrays with gradients) */
+} ct_flex_jit_arr;
+
+typedef struct ct_flex_jit {
+    /* The host mods the source was generated from (the CPU backend runs these through
+     * ct_flex_attention_forward / _backward; a GPU backend ignores them). */
+    const struct ct_score_mod *host_score; /* NULL: no compiled score mod */
+    const struct ct_mask_mod *host_mask;   /* NULL: no compiled mask mod */
+    void *module; /* from flex_jit_load: the kernels with these mods, for one dtype and E */
+    int narr;
+    ct_flex_jit_arr arr[CT_FLEX_JIT_MAX_ARRAYS];
+    float *param_grad;   /* device [param_len]: flex_bwd ADDS the arrays' gradients (NULL: not
+                            wanted); deterministic (fixed-order partial sums, no atomics) */
+    int64_t param_len;
+    size_t grad_scratch_bytes; /* bound on the param-grad partial sums (0: the backend's) */
+} ct_flex_jit;
 
 /* Flex attention of the model's layout (ct_attn_args: q [B, T, H, E], k, v [B, T, Hk, E],
  * out [B, T, H, E], lse [B, H, T], attn.mask NULL) over a block mask (required; its q_len and
@@ -258,6 +312,21 @@ typedef struct ct_backend_ops {
     /* dq, dk, dv (each may be NULL) from q, k, v, out, lse and g->dout: deterministic (fixed
      * order sums, no atomics); GQA's kv heads sum their query heads in head order. */
     int (*flex_bwd)(ct_backend *b, const ct_flex_args *a, const ct_attn_grads *g);
+
+    /* ---- compiled mods (added in version 1 before its release; see ct_flex_jit) ---------- */
+    /* The compiler's identity for cache keys ("nvrtc 13.0 sm_90a", ...; stable for one
+     * compiler and device model): written into out (cap bytes, NUL-terminated). */
+    int (*flex_jit_identity)(ct_backend *b, char *out, size_t cap);
+    /* Compile the prelude, `source` (the mods, above) and the flex kernels for q / k / v of
+     * `dtype` and head dim E into a loadable image: *image malloc()ed (the caller free()s),
+     * *len bytes. A compile error answers CT_EINTERNAL with the compiler's log (a bug of the
+     * generated source); a missing compiler CT_EUNSUPPORTED naming what was looked for. */
+    int (*flex_jit_build)(ct_backend *b, const char *source, ct_dtype dtype, int64_t E,
+                          void **image, size_t *len);
+    /* Load an image of flex_jit_build (from this call or the cache: check it, never trust
+     * it blindly: a damaged image answers CT_EFORMAT) into *module for ct_flex_jit.module. */
+    int (*flex_jit_load)(ct_backend *b, const void *image, size_t len, void **module);
+    void (*flex_jit_unload)(ct_backend *b, void *module);
 } ct_backend_ops;
 
 /* The entry point a backend library exports (see the top of this file). */

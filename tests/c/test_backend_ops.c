@@ -1193,7 +1193,7 @@ typedef struct flex_ctx {
     float cap;
     const float *slopes; /* host [H] */
     const ct_block_mask *bm;
-    const void *compiled;
+    const struct ct_flex_jit *compiled;
     const float *q, *k, *v, *out, *lse, *dout;
     const uint16_t *qb, *kb, *vb, *outb, *doutb;
 } flex_ctx;
@@ -1497,7 +1497,7 @@ static void test_flex(const tdev *D)
     CHECK_OK(ct_mask_mod_causal(&cm));
     CHECK_OK(ct_block_mask_create(&cm, 1, 1, 40, 40, 32, &bm32));
     float *q = fvec(40 * 8, -1, 1);
-    static const int dummy = 0;
+    static const ct_flex_jit dummy = {0};
     for (int kind = 0; kind < 2 && bm32 && q && hf; kind++) {
         if (kind == 1 && !D->gpu) break;
         flex_ctx c = {.Bb = 1, .T = 40, .H = 1, .Hk = 1, .E = 8, .bs = 32, .bits = CT_FLEX_MASK_CAUSAL,
