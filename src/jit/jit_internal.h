@@ -74,6 +74,12 @@ ct_status jir_serialize(const jir *ir, char **out, size_t *len);
 /* The generated C translation unit; *out allocated with ct_alloc. */
 ct_status jit_codegen(const jir *ir, char **out);
 
+/* The mods' device source (src/device/backend.h, "compiled (jit) mods on a device") of a mask
+ * IR, a score IR or both (either may be NULL, not both): CTJ_MASK / CTJ_SCORE / CTJ_NPG,
+ * ctj_mask, ctj_score and ctj_score_grad, the arrays numbered the mask's first, then the
+ * score's (src/jit/codegen_cuda.c). *out allocated with ct_alloc. */
+ct_status jit_codegen_device(const jir *mask, const jir *score, char **out);
+
 /* ---- intervals -------------------------------------------------------------------------- */
 
 typedef struct jival {
@@ -99,6 +105,13 @@ typedef struct jbound {
 /* Evaluate intervals over every node (out[ir->len]). Array values use exact min / max over
  * small index boxes, the whole-array range otherwise. */
 void jit_intervals(const jir *ir, const jbound *bd, jival *out);
+
+/* A mod made by ct_mask_mod_compile / ct_score_mod_compile (recognised by its callbacks,
+ * src/jit/mod.c): its IR and, when arrs is not NULL, its bound arrays' views (*arrs[ir->narr],
+ * host memory, gofs the offsets in the mod's param_grad). NULL for any other mod. Both live
+ * as long as the mod. */
+const jir *jit_mask_mod_ir(const ct_mask_mod *m, const ctj_arr **arrs);
+const jir *jit_score_mod_ir(const ct_score_mod *m, const ctj_arr **arrs);
 
 /* ---- compile layer ---------------------------------------------------------------------- */
 

@@ -84,6 +84,22 @@ ct_status jit_score_check(const ct_score_mod *m, int64_t B, int64_t H, int64_t L
     return m->fwd == j_score_fwd ? j_check(m->ctx, B, H, L, S) : CT_OK;
 }
 
+const jir *jit_mask_mod_ir(const ct_mask_mod *m, const ctj_arr **arrs)
+{
+    if (!m || m->tile != j_mask_tile || !m->ctx) return NULL;
+    const jctx *c = m->ctx;
+    if (arrs) *arrs = c->a;
+    return c->k->ir;
+}
+
+const jir *jit_score_mod_ir(const ct_score_mod *m, const ctj_arr **arrs)
+{
+    if (!m || m->fwd != j_score_fwd || !m->ctx) return NULL;
+    const jctx *c = m->ctx;
+    if (arrs) *arrs = c->a;
+    return c->k->ir;
+}
+
 ct_status ct_jit_check_mask(const ct_mask_mod *m, int64_t B, int64_t H, int64_t L, int64_t S)
 {
     if (!m) return ct_error(CT_EINVAL, "ct_jit_check_mask: m must not be NULL");
