@@ -19,6 +19,7 @@
 #ifndef CTORCH_DEVICE_H
 #define CTORCH_DEVICE_H
 
+#include "ctorch/attention.h"
 #include "ctorch/core.h"
 #include "ctorch/loss.h"
 
@@ -97,6 +98,79 @@ CT_API const char *ct_cuda_describe(void);
 CT_API ct_status ct_device_linear_cross_entropy(ct_device *d, const ct_ce_outputs *out,
                                                 const ct_lce_grads *grads, float grad_scale,
                                                 const ct_lce_inputs *in, const ct_ce_options *o);
+
+/** Flags of ct_device_linear_cross_entropy_ex. */
+#define CT_LCE_F32_GRADS 1u /**< bf16 h and W: keep the logits' gradient in f32 and run the two
+                                 gradient GEMMs (dh = G W, dW = G^T h) in f32, the CPU's numerics.
+                                 Without it a GPU rounds G to bf16 (nearest even) and runs them on
+                                 bf16 operands with f32 accumulation, as PyTorch's bf16 path does
+                                 (and far faster). No effect on f32 inputs or on the CPU device
+                                 (which always keeps f32). */
+
+/** ct_device_linear_cross_entropy with a per-row upstream gradient and flags: grad_rows (d's
+ *  memory, N floats; reduction CT_REDUCTION_NONE only, CT_EINVAL otherwise) is row n's
+ *  upstream gradient (as dloss of ct_linear_cross_entropy_backward); NULL: grad_scale as in
+ *  ct_device_linear_cross_entropy. flags: 0 or CT_LCE_F32_GRADS (others: CT_EINVAL).
+ *  ct_device_linear_cross_entropy is this call with grad_rows NULL and flags 0. */
+CT_API ct_status ct_device_linear_cross_entropy_ex(ct_device *d, const ct_ce_outputs *out,
+                                                   const ct_lce_grads *grads, float grad_scale,
+                                                   const float *grad_rows, unsigned flags,
+                                                   const ct_lce_inputs *in, const ct_ce_options *o);
+
+/* ---- FlexAttention on device memory ---------------------------------------------------- */
+/* ct_flex_attention_forward / _backward (ctorch/attention.h) on device d. The tensors are
+ * ct_tensor views whose data is d's memory: a view of one of d's buffers
+ * (ct_tensor_wrap_buffer; its buffer must be d's) or, with buffer NULL, a device pointer
+ * from elsewhere (a CUDA tensor's data pointer, say; ct_tensor_wrap). Shapes are
+ * attention.h's: q [B, Hq, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev], out [B, Hq, L, Ev],
+ * lse [B, Hq, L] f32.
+ *
+ * On the CPU device the calls are ct_flex_attention_forward / _backward (any strides, any
+ * mods, the same bits). On a GPU (the flex slots, docs/cuda.md):
+ * - memory layout [B, L, H, E]: q, out, dout and dq are the [B, Hq, L, E] views of contiguous
+ *   [B, L, Hq, E] memory (strides L*Hq*E, E, Hq*E, 1: PyTorch's x.transpose(1, 2) of a
+ *   contiguous [B, L, H, E] tensor), k, v, dk and dv the same over Hkv; lse contiguous;
+ * - one dtype (f32 or bf16) for q, k, v, out, dout and the gradients; Ev == E (up to 256);
+ *   L == S (else CT_EUNSUPPORTED); block sizes 64 and 128;
+ * - the mods the GPU evaluates itself: mask_mods made by ct_mask_mod_causal,
+ *   _sliding_window, _prefix_lm, _document, _noop and ct_mask_mod_and of them; score_mods
+ *   ct_score_mod_softcap and _alibi. Others (a callback of yours, or, or not,
+ *   relative_bias, compiled mods) answer CT_EUNSUPPORTED naming the mod (compile a callback
+ *   with ctorch/jit.h to run it on a GPU once compiled mods run there).
+ * The work is queued on d's stream (ct_device_sync waits). */
+
+/** A block mask made ready for device d: on a GPU its lists (and a document mask's ids)
+ *  copied to the device once, to be used by any number of calls. */
+typedef struct ct_device_block_mask ct_device_block_mask;
+
+/** Make m ready for device d (upload on a GPU; nothing is copied on the CPU). m must stay
+ *  alive and unchanged while the handle is used (the CPU reads it; the handle refers to it).
+ *  Errors: NULLs (CT_EINVAL), a mask_mod the GPU cannot evaluate (CT_EUNSUPPORTED naming it),
+ *  device memory (CT_ENOMEM). Free with ct_device_block_mask_free (before closing d). */
+CT_API ct_status ct_device_block_mask_upload(ct_device *d, const ct_block_mask *m,
+                                             ct_device_block_mask **out);
+/** NULL is a no-op. */
+CT_API void ct_device_block_mask_free(ct_device_block_mask *m);
+/** The device and the host mask a handle was made for. */
+CT_API ct_device *ct_device_block_mask_device(const ct_device_block_mask *m);
+CT_API const ct_block_mask *ct_device_block_mask_host(const ct_device_block_mask *m);
+
+/** Forward on d. mask NULL: every pair attends; else a handle made for d (another device's:
+ *  CT_EINVAL). lse may be NULL (not kept). opt NULL: the defaults. */
+CT_API ct_status ct_device_flex_attention_forward(ct_device *d, const ct_tensor *q,
+                                                  const ct_tensor *k, const ct_tensor *v,
+                                                  const ct_device_block_mask *mask,
+                                                  const ct_flex_options *opt, ct_tensor *out,
+                                                  ct_tensor *lse);
+
+/** Backward on d from the forward's out and lse; dq, dk, dv may be NULL (skipped). */
+CT_API ct_status ct_device_flex_attention_backward(ct_device *d, const ct_tensor *q,
+                                                   const ct_tensor *k, const ct_tensor *v,
+                                                   const ct_tensor *out, const ct_tensor *lse,
+                                                   const ct_tensor *dout,
+                                                   const ct_device_block_mask *mask,
+                                                   const ct_flex_options *opt, ct_tensor *dq,
+                                                   ct_tensor *dk, ct_tensor *dv);
 
 /* ---- buffers --------------------------------------------------------------------------- */
 

@@ -4,6 +4,7 @@
 #include "core/internal.h"
 #include "attention/attn.h"
 #include "attention/attn_kernels.h"
+#include "attention/mods_info.h"
 #include "ctorch/attention.h"
 
 #include <math.h>
@@ -44,8 +45,8 @@ typedef struct band {
     int64_t prefix; /* prefix-LM: keys below it are always kept; 0 for plain bands */
 } band;
 
-#define BAND_NONE_LO (INT64_MIN / 4)
-#define BAND_NONE_HI (INT64_MAX / 4)
+#define BAND_NONE_LO AT_BAND_NONE_LO
+#define BAND_NONE_HI AT_BAND_NONE_HI
 
 static void band_tile(void *ctx, const ct_attn_tile *t, uint8_t *keep)
 {
@@ -590,4 +591,44 @@ void ct_score_mod_free(ct_score_mod *m)
     if (!m) return;
     if (m->destroy) m->destroy(m->ctx);
     memset(m, 0, sizeof *m);
+}
+
+/* ---- introspection (mods_info.h): which built-in a mod is, from its callbacks ----------- */
+
+void at_mask_describe(const ct_mask_mod *m, at_mask_info *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!m) return;
+    if (m->tile == band_tile && m->ctx) {
+        const band *c = m->ctx;
+        out->kind = AT_MOD_BAND;
+        out->lo = c->lo, out->hi = c->hi, out->prefix = c->prefix;
+    } else if (m->tile == noop_tile) {
+        out->kind = AT_MOD_NOOP;
+    } else if (m->tile == doc_tile && m->ctx) {
+        const doc *c = m->ctx;
+        out->kind = AT_MOD_DOCUMENT;
+        out->q_doc = c->q, out->kv_doc = c->kv;
+        out->doc_batch = c->batch, out->doc_q_len = c->q_len, out->doc_kv_len = c->kv_len;
+    } else if (m->tile == comb_tile && m->ctx) {
+        const comb *c = m->ctx;
+        out->kind = c->op == COMB_AND ? AT_MOD_AND : c->op == COMB_OR ? AT_MOD_OR : AT_MOD_NOT;
+        out->kids = c->kids, out->n = c->n;
+    }
+}
+
+void at_score_describe(const ct_score_mod *m, at_score_info *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!m || !m->ctx) return;
+    if (m->fwd == softcap_fwd) {
+        out->kind = AT_MOD_SOFTCAP;
+        out->cap = ((const softcap *)m->ctx)->cap;
+    } else if (m->fwd == alibi_fwd) {
+        const alibi *c = m->ctx;
+        out->kind = AT_MOD_ALIBI;
+        out->heads = c->heads, out->slopes = c->slope;
+    } else if (m->fwd == relbias_fwd) {
+        out->kind = AT_MOD_RELBIAS;
+    }
 }
