@@ -383,16 +383,10 @@ int cmd_generate(int argc, char **argv)
     const char *tr = f ? ct_tensor_file_metadata_get(f, "train") : NULL;
     ct_train_options to = ct_train_options_default();
     if (tr && ct_train_options_from_json(tr, &to) == CT_OK) mo.eos_token = to.eos_token;
-    if (dopt.kind != CT_DEVICE_CPU) { /* a GPU: FlexAttention's built-in masks, no KV cache */
+    if (dopt.kind != CT_DEVICE_CPU) { /* a GPU: FlexAttention (built-in masks, compiled mods), no KV cache */
         if (hf) {
             fprintf(stderr, "ctorch generate: --device: a Hugging Face directory is read in place "
                             "on the CPU; convert it to a checkpoint for a GPU\n");
-            rc = 1;
-            goto done;
-        }
-        if (cfg.score_mod[0] || cfg.mask_mod[0]) {
-            fprintf(stderr, "ctorch generate: --device: compiled score_mod / mask_mod do not run "
-                            "on GPUs yet\n");
             rc = 1;
             goto done;
         }

@@ -88,9 +88,9 @@ static void usage(FILE *f)
         "  --log-every N        progress lines when stderr is not a terminal (steps / 20)\n"
         "  --quiet              no progress line\n"
         "  --device D           cpu (default), cuda or cuda:N (libctorch_cuda.so, docs/cuda.md):\n"
-        "                       on a GPU FlexAttention takes causal, --window and the\n"
-        "                       document mask (compiled mods: not yet), dense attention is\n"
-        "                       causal only; not a training setting: --resume may change it\n"
+        "                       on a GPU FlexAttention takes causal, --window, the document\n"
+        "                       mask and compiled --score-mod / --mask-mod, dense attention\n"
+        "                       is causal only; not a training setting: --resume may change it\n"
         "  --dump-grads FILE    write the weights (initial, or the --resume checkpoint's), the "
         "loss\n"
         "                       and every gradient of the first micro-batch to FILE (safetensors)\n"
@@ -1012,8 +1012,8 @@ static int init_weights(run *r, ct_trainer *t)
 }
 
 /* --device: open it. On a GPU FlexAttention takes the built-in masks (causal, window,
- * documents); compiled --score-mod / --mask-mod are refused, and dense attention is causal only
- * (its document mask is dropped with a note). */
+ * documents) and compiled --score-mod / --mask-mod (built for the device at model creation);
+ * dense attention is causal only (its document mask is dropped with a note). */
 static int open_device(run *r)
 {
     ct_device_options o = ct_device_options_default();
@@ -1022,12 +1022,6 @@ static int open_device(run *r)
     if (o.kind == CT_DEVICE_CPU) return 0;
     if (r->dist) {
         fprintf(stderr, "ctorch train: --device %s: --fsdp / --dp run on the CPU only\n", r->device);
-        return 1;
-    }
-    if (r->cfg.score_mod[0] || r->cfg.mask_mod[0]) {
-        fprintf(stderr, "ctorch train: --device %s: compiled --score-mod / --mask-mod do not run "
-                        "on GPUs yet (FlexAttention there takes causal, --window and the document "
-                        "mask)\n", r->device);
         return 1;
     }
     if (r->to.dense_attention && r->cfg.window) {

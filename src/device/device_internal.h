@@ -44,4 +44,33 @@ ct_status ct_dev_missing(const ct_device *d, const char *op);
 ct_status ct_dev_block_mask_upload(ct_device *d, const ct_block_mask *m, ct_dev_block_mask *out);
 void ct_dev_block_mask_free(ct_device *d, ct_dev_block_mask *m);
 
+/* ---- compiled (jit) flex mods on a device (src/device/flex_jit.c) ------------------------
+ * For the flex slots' ct_flex_mods.compiled. sm / mm: mods made by ct_score_mod_compile /
+ * ct_mask_mod_compile (either may be NULL, not both; any other mod is refused with CT_EINVAL:
+ * built-ins go through ct_flex_mods' own fields); they must outlive the handle. create writes
+ * the mods' device source, finds the backend's image of it (this process's table, else the
+ * disk cache of docs/compile.md, else slot flex_jit_build, cached) for q / k / v of dtype and
+ * head dim E, loads it once per device, and allocates the arrays' device buffer and the
+ * parameter-gradient vector (counted by the device). On the CPU device nothing is compiled: the
+ * host mods run (ct_flex_jit.host_score / host_mask). */
+typedef struct ct_dev_flex_jit ct_dev_flex_jit;
+ct_status ct_dev_flex_jit_create(ct_device *dev, const ct_score_mod *sm, const ct_mask_mod *mm,
+                                 ct_dtype dtype, int64_t E, ct_dev_flex_jit **out);
+/* Range-check the mods' array indices for B x H x q_len x kv_len (ct_jit_check_mask /
+ * _score: CT_EINVAL naming the array and the reachable range): required before the first bind
+ * and again when the sizes grow. */
+ct_status ct_dev_flex_jit_check(ct_dev_flex_jit *j, int64_t B, int64_t H, int64_t q_len,
+                                int64_t kv_len);
+/* Upload the bound arrays' current host values (each call: trained tables change), zero the
+ * device param-grad vector when want_param_grad (the score mod's param_grad must then be set),
+ * point mods->compiled at the handle's ct_flex_jit (mods->score must be NONE with a score
+ * mod). */
+ct_status ct_dev_flex_jit_bind(ct_dev_flex_jit *j, bool want_param_grad, ct_flex_mods *mods);
+/* After flex_bwd: add the device param grads into sm->param_grad (host), once per bind (the
+ * CPU device's flex added them there itself: nothing to do). */
+ct_status ct_dev_flex_jit_collect(ct_dev_flex_jit *j);
+void ct_dev_flex_jit_free(ct_dev_flex_jit *j);
+/* This process's counters: modules found in the table, loaded from the disk cache, built. */
+void ct_dev_flex_jit_stats(int64_t *table_hits, int64_t *cache_hits, int64_t *builds);
+
 #endif

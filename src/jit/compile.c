@@ -605,8 +605,13 @@ ct_status jit_cache_verify(const char *key, const uint8_t *sum, size_t sl, const
  * frees them), CT_EIO absent, CT_EFORMAT damaged (rebuilt, never loaded). */
 ct_status jit_cache_read(int dfd, const char *key, uint8_t **so, size_t *ol)
 {
-    char nso[80], nsum[80];
-    snprintf(nso, sizeof nso, "%s.so", key);
+    return jit_cache_read_ext(dfd, key, ".so", so, ol);
+}
+
+ct_status jit_cache_read_ext(int dfd, const char *key, const char *ext, uint8_t **so, size_t *ol)
+{
+    char nso[96], nsum[96];
+    snprintf(nso, sizeof nso, "%s%s", key, ext);
     snprintf(nsum, sizeof nsum, "%s.sum", key);
     *so = NULL;
     *ol = 0;
@@ -685,6 +690,54 @@ static ct_status try_cache(const char *fn, const env *e, const char *key, const 
     s = load_bytes(fn, e, b, n, ir, k);
     ct_free(b);
     return s; /* CT_EFORMAT (a verified entry of the wrong ABI) or another failure: rebuilt */
+}
+
+/* Publish an entry <key><ext> with its checksum file <key>.sum (note: free text after the
+ * checked lines): the data under a new private name first, then renamed into place, then the
+ * checksum likewise, so a reader never loads a half-written entry (a new image with an old or
+ * no checksum reads as damaged and is rebuilt). */
+ct_status jit_cache_write(int dfd, const char *key, const char *ext, const void *data, size_t len,
+                          const char *note)
+{
+    char tmp[96], tsum[96], name[96], sum[96], text[1024];
+    uint8_t d[32];
+    char hx[65];
+    jit_sha256(data, len, d);
+    hex(d, hx);
+    int tl = snprintf(text, sizeof text, "sha256 %s\nsize %zu\nkey %s\n%s\n", hx, len, key,
+                      note ? note : "");
+    if (tl < 0) return CT_EIO;
+    if ((size_t)tl >= sizeof text) tl = (int)sizeof text - 1;
+    snprintf(name, sizeof name, "%s%s", key, ext);
+    snprintf(sum, sizeof sum, "%s.sum", key);
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "tmp-%.16s", key);
+    int fd = create_unique(dfd, prefix, ext, tmp, sizeof tmp, 0600);
+    if (fd < 0) return CT_EIO;
+    ct_status s = write_all(fd, data, len);
+    if (close(fd) != 0) s = CT_EIO;
+    if (s == CT_OK) {
+        int fs = create_unique(dfd, prefix, ".sum", tsum, sizeof tsum, 0600);
+        if (fs < 0) s = CT_EIO;
+        else {
+            s = write_all(fs, text, (size_t)tl);
+            if (close(fs) != 0) s = CT_EIO;
+            if (s == CT_OK && (renameat(dfd, tmp, dfd, name) != 0 || renameat(dfd, tsum, dfd, sum) != 0))
+                s = CT_EIO;
+            if (s != CT_OK) unlinkat(dfd, tsum, 0);
+        }
+    }
+    if (s != CT_OK) unlinkat(dfd, tmp, 0);
+    return s;
+}
+
+ct_status jit_cache_open(const char *fn, const char *spec, char *dir, size_t cap, int *dfd)
+{
+    char d[DIR_MAX];
+    *dfd = -1;
+    CT_TRY(cache_dir(fn, spec, d, dfd));
+    if (dir && cap) snprintf(dir, cap, "%s", d);
+    return CT_OK;
 }
 
 /* ---- processes -------------------------------------------------------------------------- */

@@ -145,6 +145,19 @@ ct_status jit_cache_verify(const char *key, const uint8_t *sum, size_t sl, const
  * CT_OK with the verified bytes in *so (ct_free them), CT_EIO absent, CT_EFORMAT damaged. */
 ct_status jit_cache_read(int dfd, const char *key, uint8_t **so, size_t *ol);
 
+/* jit_cache_read for an entry <key><ext> (".so": the CPU kernels; ".cubin": a device's image
+ * of compiled mods, src/device/flex_jit.c) with its <key>.sum. */
+ct_status jit_cache_read_ext(int dfd, const char *key, const char *ext, uint8_t **data, size_t *len);
+
+/* Publish <key><ext> and <key>.sum (checksum, size, key, then the free text note) atomically
+ * (temp names, renamed into place, the checksum last). CT_EIO (errno kept) on failure. */
+ct_status jit_cache_write(int dfd, const char *key, const char *ext, const void *data, size_t len,
+                          const char *note);
+
+/* The cache directory of the compile calls (spec, else $CT_CACHE_DIR, $XDG_CACHE_HOME/ctorch,
+ * ~/.cache/ctorch) opened and checked as jit_open_cache_dir does: *dfd, its path into dir. */
+ct_status jit_cache_open(const char *fn, const char *spec, char *dir, size_t cap, int *dfd);
+
 /* SHA-256 of data into 32 bytes. */
 void jit_sha256(const void *data, size_t len, uint8_t out[32]);
 

@@ -291,12 +291,6 @@ ct_status gpt_create(const ct_gpt_config *cfg, const ct_gpt_options *opt, bool o
         if (!own_params)
             return ct_error(CT_EUNSUPPORTED, "ct_gpt_create: a sharded model runs on the CPU only "
                                              "(%s asked)", dn);
-        if (cfg->score_mod[0] || cfg->mask_mod[0])
-            return ct_error(CT_EUNSUPPORTED,
-                            "ct_gpt_create: on %s compiled score_mod / mask_mod are not run yet "
-                            "(FlexAttention there takes the built-in masks: causal, window, "
-                            "documents)",
-                            dn);
         if (o.dense_attention && (cfg->window || o.eos_token >= 0))
             return ct_error(CT_EUNSUPPORTED,
                             "ct_gpt_create: on %s dense attention is causal only (a window or "
@@ -374,6 +368,18 @@ ct_status gpt_create(const ct_gpt_config *cfg, const ct_gpt_options *opt, bool o
                         : ct_mask_mod_causal(&m->base_mask);
     }
     if (!s && cfg->score_mod[0]) s = ct_score_mod_compile(cfg->score_mod, NULL, 0, NULL, &m->user_score);
+    if (!s && !gpt_host(m) && (cfg->score_mod[0] || cfg->mask_mod[0])) {
+        /* a GPU: the compiled mods' device code, the mask ANDed with the causal bit (flex_args);
+         * the model's mods bind no arrays, so one bind serves every call */
+        ct_flex_mods fm;
+        memset(&fm, 0, sizeof fm);
+        s = ct_dev_flex_jit_create(dev, cfg->score_mod[0] ? &m->user_score : NULL,
+                                   cfg->mask_mod[0] ? &m->user_mask : NULL, CT_DTYPE_F32,
+                                   ct_gpt_head_dim(cfg), &m->fj);
+        if (!s) s = ct_dev_flex_jit_check(m->fj, o.batch, cfg->n_head, o.seq, o.seq);
+        if (!s) s = ct_dev_flex_jit_bind(m->fj, false, &fm);
+        m->fj_mods = fm.compiled;
+    }
     if (s) {
         ct_gpt_free(m);
         return s;
@@ -396,6 +402,7 @@ void ct_gpt_free(ct_gpt *m)
 {
     if (!m) return;
     free_masks(m);
+    ct_dev_flex_jit_free(m->fj);
     ct_mask_mod_free(&m->base_mask);
     ct_mask_mod_free(&m->user_mask);
     ct_mask_mod_free(&m->causal_mask);
@@ -678,7 +685,9 @@ static ct_status prepare_mask(ct_gpt *m, int64_t B, int64_t T)
 }
 
 /* FlexAttention on a GPU: the flex slots over the uploaded block mask with the model's
- * built-in masks (causal, or its window; documents by their device ids). */
+ * built-in masks (causal, or its window; documents by their device ids) and its compiled
+ * mods (the user's mask ANDed with causal as on the CPU, where it replaces the window; the
+ * user's score mod). */
 static ct_flex_args flex_args(const ct_gpt *m, ct_attn_args a)
 {
     ct_flex_args f;
@@ -686,7 +695,8 @@ static ct_flex_args flex_args(const ct_gpt *m, ct_attn_args a)
     f.attn = a;
     f.block_mask = &m->dbm;
     f.mods.mask = CT_FLEX_MASK_CAUSAL;
-    if (m->cfg.window) {
+    f.mods.compiled = m->fj_mods;
+    if (m->cfg.window && !m->cfg.mask_mod[0]) {
         f.mods.mask |= CT_FLEX_MASK_WINDOW;
         f.mods.window = m->cfg.window;
     }

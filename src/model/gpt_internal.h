@@ -81,6 +81,8 @@ struct ct_gpt {
     ct_mask_mod base_mask, doc_mask, and_mask;
     ct_mask_mod causal_mask, user_mask; /* with cfg.mask_mod: base_mask = causal AND user */
     ct_score_mod user_score;            /* cfg.score_mod compiled (fwd NULL: none) */
+    ct_dev_flex_jit *fj;       /* a GPU model with compiled mods: their device code */
+    const struct ct_flex_jit *fj_mods; /* fj bound (the model's mods bind no arrays) */
     ct_block_mask *bm;
     ct_dev_block_mask dbm; /* a GPU model: bm's lists on the device (flex_fwd / flex_bwd) */
     int64_t bm_T; /* T of the cached causal block mask (0: none cached) */
