@@ -12,6 +12,22 @@ and/or torch.compile(model) (MODES "eager", "compiled" or "eager+compiled"): tok
 of --repeats steps after two warm-up steps, each read back and synchronised) and
 torch.cuda.max_memory_allocated from before the model moved to the GPU.
 
+FlexAttention rows (--flex NAME:B:H:L:E:WINDOW:BLOCK, one per ctorch row, bf16, q / k / v
+[B, H, L, E] uniform in [-1, 1)): the mask kv <= q, with WINDOW > 0 also q - kv <= WINDOW
+(a causal sliding window), as a BlockMask of BLOCK (create_block_mask on the GPU, built once):
+torch.compile(flex_attention) with it; F.scaled_dot_product_attention with the same mask as a
+boolean [L, L] tensor; causal flash SDPA (sdpa_kernel(SDPBackend.FLASH_ATTENTION), is_causal:
+for a window the causal attention, a reference, not the same result). Each: the forward (no
+grad), the forward + backward (out.backward(dout) into q, k, v) with
+torch.use_deterministic_algorithms off, and again with it on; median of --repeats after two
+warm-up runs (the first compiles), and torch.cuda.max_memory_allocated above what was
+allocated before the mask and the inputs. What fails (out of memory, a backend that refuses the
+shape or determinism) is the row's "error", never a figure. --flex-on-cpu runs these rows on
+the CPU with flex_attention uncompiled, a check of the script where no GPU is.
+
+--tiny: small GEMM shapes (cli/bench_cuda.c's --tiny); --sections: gemm, loss (comma-separated,
+"none" for neither; default both).
+
 Prints one JSON object. Without torch, or without a CUDA device, it says so
 ({"status": "not installed" | "no cuda", "reason": ...}) and never invents figures.
 """
@@ -36,6 +52,11 @@ SHAPES = [
     ("lm head dinput", False, False, 8192, 768, 50304),
     ("lm head dweight", True, False, 50304, 768, 8192),
 ]
+TINY_SHAPES = [
+    ("tiny square 96", False, False, 96, 96, 96),
+    ("tiny nt", False, True, 64, 72, 40),
+    ("tiny tn", True, False, 40, 48, 64),
+]
 
 
 def emit(obj):
@@ -56,9 +77,9 @@ def timed(torch, fn, repeats, warm=1):
     return statistics.median(xs)
 
 
-def gemm_cases(torch, dev, repeats, quick):
+def gemm_cases(torch, dev, repeats, quick, tiny=False):
     out = []
-    for case, ta, tb, m, n, k in SHAPES[:4] if quick else SHAPES:
+    for case, ta, tb, m, n, k in TINY_SHAPES if tiny else SHAPES[:4] if quick else SHAPES:
         for dtype in ("f32", "bf16"):
             row = {"case": case, "dtype": dtype, "m": m, "n": n, "k": k}
             try:
@@ -90,10 +111,9 @@ def gemm_cases(torch, dev, repeats, quick):
     return out
 
 
-def loss_cases(torch, dev, n, repeats):
+def loss_cases(torch, dev, n, repeats, D=4096, V=128256):
     import torch.nn.functional as F
 
-    D, V = 4096, 128256
     g = torch.Generator(device=dev).manual_seed(2)
     h = (torch.rand((n, D), device=dev, generator=g) * 2 - 1).to(torch.bfloat16).requires_grad_()
     w = ((torch.rand((V, D), device=dev, generator=g) * 2 - 1) * 0.05).to(torch.bfloat16).requires_grad_()
@@ -215,12 +235,151 @@ def train_cases(torch, dev, specs, repeats):
     return out
 
 
+def first_line(e):
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0][:300] if msg else ''}"
+
+
+def flex_row(torch, dev, name, B, H, L, E, W, bs, repeats, compiled):
+    """One flex row (see the module's docstring); its tensors die with the call."""
+    import contextlib
+    import warnings
+
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    cuda = dev.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    row = {"case": name, "B": B, "H": H, "L": L, "E": E, "window": W, "block_size": bs, "dtype": "bf16"}
+
+    def mask_mod(b, h, q, kv):
+        keep = q >= kv
+        if W:
+            keep = keep & (q - kv <= W)
+        return keep
+
+    if cuda:
+        torch.cuda.empty_cache()
+        sync()
+        base = torch.cuda.memory_allocated(dev)
+    t0 = time.perf_counter()
+    bm = create_block_mask(mask_mod, None, None, L, L, device=dev, BLOCK_SIZE=bs)
+    sync()
+    row["mask_create_s"] = time.perf_counter() - t0
+    g = torch.Generator(device=dev).manual_seed(5)
+    q, k, v, dout = ((torch.rand((B, H, L, E), device=dev, generator=g) * 2 - 1).to(torch.bfloat16)
+                     for _ in range(4))
+    fa = torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
+
+    def flex_fn(q_, k_, v_):
+        return fa(q_, k_, v_, block_mask=bm)
+
+    dense = {}
+
+    def sdpa_mask_fn(q_, k_, v_):
+        if "mask" not in dense:  # the boolean [L, L] mask, made once (with the first call)
+            i = torch.arange(L, device=dev)
+            dense["mask"] = mask_mod(None, None, i[:, None], i[None, :])
+        return F.scaled_dot_product_attention(q_, k_, v_, attn_mask=dense["mask"])
+
+    def flash_fn(q_, k_, v_):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(q_, k_, v_, is_causal=True)
+
+    methods = (("flex_compiled", "torch.compile(flex_attention)" if compiled else "flex_attention (eager)", flex_fn),
+               ("sdpa_bool_mask", "F.scaled_dot_product_attention(attn_mask=bool [L, L])", sdpa_mask_fn),
+               ("sdpa_causal_flash", "F.scaled_dot_product_attention(is_causal=True), FLASH_ATTENTION"
+                + (" (causal, not the window)" if W else ""), flash_fn))
+    for key, op, fn in methods:
+        m = {"op": op}
+        qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
+
+        def fwd():
+            with torch.no_grad():
+                fn(q, k, v)
+
+        def fwd_bwd():
+            qg.grad = kg.grad = vg.grad = None
+            fn(qg, kg, vg).backward(dout)
+
+        for pas, run, det in (("fwd", fwd, False), ("fwd_bwd", fwd_bwd, False),
+                              ("fwd_bwd_deterministic", fwd_bwd, True)):
+            r = {}
+            try:
+                torch.use_deterministic_algorithms(det)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # eager flex_attention (the CPU check) warns
+                    t0 = time.perf_counter()
+                    run()
+                    run()
+                    sync()
+                    r["first_calls_s"] = time.perf_counter() - t0  # two warm-up calls, the compilation
+                    if cuda:
+                        torch.cuda.reset_peak_memory_stats(dev)
+                    xs = []
+                    for _ in range(repeats):
+                        t0 = time.perf_counter()
+                        run()
+                        sync()
+                        xs.append(time.perf_counter() - t0)
+                r.update(median_s=statistics.median(xs), min_s=min(xs), max_s=max(xs), repeats=repeats)
+                if cuda:
+                    r["peak_bytes"] = torch.cuda.max_memory_allocated(dev) - base
+            except Exception as e:  # out of memory, a refused backend or determinism: say so
+                r = {"error": first_line(e)}
+            finally:
+                torch.use_deterministic_algorithms(False)
+                qg.grad = kg.grad = vg.grad = None
+            m[pas] = r
+            if cuda:
+                torch.cuda.empty_cache()
+        row[key] = m
+        dense.clear()
+        del qg, kg, vg
+    if compiled:
+        torch._dynamo.reset()
+    return row
+
+
+def flex_cases(torch, dev, specs, repeats, compiled=True):
+    """The flex rows: one per --flex NAME:B:H:L:E:WINDOW:BLOCK, in order."""
+    import gc
+
+    out = []
+    for spec in specs:
+        parts = spec.split(":")
+        if len(parts) != 7 or not all(p.isdigit() for p in parts[1:]) or \
+                min(int(p) for p in parts[1:5] + parts[6:]) < 1:
+            out.append({"spec": spec, "error": "expected NAME:B:H:L:E:WINDOW:BLOCK (positive sizes, WINDOW >= 0)"})
+            continue
+        B, H, L, E, W, bs = map(int, parts[1:])
+        try:
+            out.append(flex_row(torch, dev, parts[0], B, H, L, E, W, bs, repeats, compiled))
+        except Exception as e:  # the block mask or the inputs did not fit: say so
+            out.append({"case": parts[0], "B": B, "H": H, "L": L, "E": E, "window": W, "block_size": bs,
+                        "error": first_line(e)})
+        gc.collect()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=8192, help="tokens of the loss case")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--device-index", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="the first four GEMM shapes only")
+    ap.add_argument("--tiny", action="store_true", help="small GEMM shapes (the emulated device's)")
+    ap.add_argument("--loss-d", type=int, default=4096, help="hidden size D of the loss case")
+    ap.add_argument("--loss-v", type=int, default=128256, help="vocabulary V of the loss case")
+    ap.add_argument("--sections", default="gemm,loss", help="gemm, loss (comma-separated) or none")
+    ap.add_argument("--flex", action="append", default=[], metavar="NAME:B:H:L:E:WINDOW:BLOCK",
+                    help="a flex row (see above); repeatable")
+    ap.add_argument("--flex-on-cpu", action="store_true",
+                    help="run the --flex rows alone on the CPU, flex_attention uncompiled (a check of this "
+                         "script where no GPU is: its figures are the CPU's, not a baseline)")
     ap.add_argument("--train", action="append", default=[], metavar="MODEL:WEIGHTS:B:DTYPE:MODES",
                     help="a training-step row (see above); repeatable")
     ap.add_argument("--train-on-cpu", action="store_true",
@@ -231,6 +390,9 @@ def main():
         import torch
     except Exception as e:
         emit({"status": "not installed", "reason": f"import torch failed: {type(e).__name__}: {e}"})
+    if a.flex_on_cpu:
+        emit({"status": "cpu check", "torch_version": torch.__version__,
+              "flex": flex_cases(torch, torch.device("cpu"), a.flex, a.repeats, compiled=False)})
     if a.train_on_cpu:
         emit({"status": "cpu check", "torch_version": torch.__version__,
               "train": train_cases(torch, torch.device("cpu"), a.train, a.repeats)})
@@ -246,10 +408,15 @@ def main():
     torch.backends.cudnn.allow_tf32 = False
     res = {"status": "ok", "torch_version": torch.__version__, "cuda_version": torch.version.cuda,
            "device": torch.cuda.get_device_name(dev), "repeats": a.repeats}
-    res["gemm"] = gemm_cases(torch, dev, a.repeats, a.quick)
-    res["loss"] = loss_cases(torch, dev, a.n, a.repeats)
+    sections = set(a.sections.split(","))
+    if "gemm" in sections:
+        res["gemm"] = gemm_cases(torch, dev, a.repeats, a.quick, a.tiny)
+    if "loss" in sections:
+        res["loss"] = loss_cases(torch, dev, a.n, a.repeats, a.loss_d, a.loss_v)
     if a.train:
         res["train"] = train_cases(torch, dev, a.train, a.repeats)
+    if a.flex:
+        res["flex"] = flex_cases(torch, dev, a.flex, a.repeats)
     emit(res)
 
 

@@ -3,7 +3,15 @@ reason and exits 0, and its --json output parses and carries the reason. Where a
 present the same calls must give a result instead (checked for its shape, not its figures).
 bench/torch_cuda.py, PyTorch's side, reports the absence of CUDA instead of inventing figures;
 its training-step rows (bench/torch_train.py's SdpaGPT from a ctorch weights file, fused AdamW,
-autocast for bf16) run here through --train-on-cpu, so that the GPU run meets no Python error."""
+autocast for bf16) run here through --train-on-cpu, so that the GPU run meets no Python error.
+
+On the emulated CUDA device (libctorch_cuda_emu.so, docs/cuda.md) `ctorch bench cuda --tiny` runs
+every section at small shapes: its figures are no GPU's, but its rows must be whole. The flex
+rows' block masks are checked against PyTorch's own create_block_mask of the same mask_mod
+(blocks kept, full blocks) and the kept pairs against the dense mask; ctorch's forward +
+backward run twice must give the same bytes. bench/torch_cuda.py's flex rows (flex_attention
+with the same block mask, SDPA with a boolean mask, causal flash SDPA; deterministic algorithms
+off and on) run on the CPU through --flex-on-cpu."""
 import json
 import os
 import subprocess
@@ -11,7 +19,7 @@ import sys
 
 import torch
 
-from conftest import ROOT, ctorch
+from conftest import ROOT, cli_path, ctorch
 
 
 def test_bench_cuda_text_without_gpu_says_skipped():
@@ -46,6 +54,11 @@ def test_bench_cuda_json_parses_with_reason():
             if j["torch"]["status"] == "ok":
                 assert "torch_eager" in r, r
         assert "torch_compiled" in rows[3], rows[3]
+        flex = j["flex"]["rows"]  # --quick: the window at L=8192, causal at L=2048
+        assert [(r["case"], r["L"]) for r in flex] == [("sliding window 256", 8192), ("causal", 2048)], flex
+        for r in flex:
+            assert "fwd_kept_block_tflops" in r["ctorch_flex"] or "error" in r["ctorch_flex"], r
+            assert "status" in r["torch"] or "flex_compiled" in r["torch"], r
 
 
 def test_bench_cuda_rejects_bad_options():
@@ -103,3 +116,139 @@ def test_torch_cuda_train_rows_run_on_cpu(tmp_path):
     for row in rows[2:5]:
         assert "expected MODEL:WEIGHTS:B" in row["error"], row
     assert "none.safetensors" in rows[5]["error"], rows[5]
+
+
+def emu_lib():
+    """libctorch_cuda_emu.so of the build under test (beside the CLI): built with the tests."""
+    path = os.path.join(os.path.dirname(os.path.abspath(cli_path())), "libctorch_cuda_emu.so")
+    assert os.path.isfile(path), f"{path} is missing: build the ctorch_cuda_emu target (CTORCH_CUDA_EMU=ON)"
+    return path
+
+
+def emu_bench(*args):
+    env = dict(os.environ, CTORCH_CUDA_LIB=emu_lib())
+    env.pop("CTORCH_CUDA_EMU_REVERSE", None)
+    r = subprocess.run([cli_path(), "bench", "cuda", *args], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, f"bench cuda {' '.join(args)}: exit {r.returncode}\n{r.stderr}"
+    return r
+
+
+def torch_block_counts(L, W, bs):
+    """PyTorch's BlockMask of the bench's mask_mod (kv <= q, and q - kv <= W for a window): its
+    partial and full blocks, and the pairs the dense mask keeps."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def mask_mod(b, h, q, kv):
+        keep = q >= kv
+        return keep & (q - kv <= W) if W else keep
+
+    bm = create_block_mask(mask_mod, None, None, L, L, device="cpu", BLOCK_SIZE=bs)
+    i = torch.arange(L)
+    pairs = int(mask_mod(None, None, i[:, None], i[None, :]).sum())
+    return int(bm.kv_num_blocks.sum()), int(bm.full_kv_num_blocks.sum()), pairs
+
+
+def check_flex_rows(j):
+    f = j["flex"]
+    assert f["gemm_bf16"]["dtype"] == "bf16" and f["gemm_bf16"]["tflops"] > 0, f["gemm_bf16"]
+    rows = f["rows"]
+    assert [(r["case"], r["B"], r["H"], r["L"], r["E"], r["window"], r["block_size"]) for r in rows] == [
+        ("sliding window 32", 1, 2, 256, 32, 32, 64), ("causal", 1, 2, 192, 64, 0, 64)], rows
+    for r in rows:
+        B, H, L, E, W, bs = (r[k] for k in ("B", "H", "L", "E", "window", "block_size"))
+        partial, full, pairs = torch_block_counts(L, W, bs)  # per (b, h): the mask broadcasts
+        bm = r["block_mask"]
+        assert bm["partial_blocks"] == B * H * partial and bm["full_blocks"] == B * H * full, (bm, partial, full)
+        assert bm["blocks"] == B * H * (L // bs) ** 2 and bm["device_bytes"] > 0, bm
+        assert r["kept_pairs"] == B * H * pairs, (r, pairs)
+        assert r["kept_pair_flops_fwd"] == 4 * E * B * H * pairs, r
+        assert r["kept_block_flops_fwd"] == 4 * bs * bs * E * B * H * (partial + full), r
+        assert r["kept_block_flops_fwd_bwd"] == 3.5 * r["kept_block_flops_fwd"], r
+        methods = ["ctorch_flex"] + (["ctorch_sdpa_causal"] if W == 0 else [])
+        assert ("ctorch_sdpa_causal" in r) == (W == 0), r
+        for m in methods:
+            x = r[m]
+            assert "error" not in x, x
+            for p in ("fwd", "fwd_bwd"):
+                assert x[p]["median_s"] > 0 and x[p]["repeats"] == j["repeats"], x
+                # the peak holds at least the inputs, outputs and gradients (9 tensors' worth)
+                assert x[p]["peak_bytes"] >= 5 * B * L * H * E * 2, x
+            assert x["bitwise_repeatable"] is True and len(x["hash"]) == 16, x
+            assert x["fwd_kept_block_tflops"] > 0 and x["fwd_vs_gemm_bf16"] > 0, x
+        # no CUDA for PyTorch here: the row says so, with no figures
+        assert r["torch"]["status"].startswith("no cuda"), r["torch"]
+        assert r["torch_over_ctorch"] == {m: {} for m in methods}, r
+        assert "goals" not in r, r  # the goals belong to the full shapes
+
+
+def test_bench_cuda_tiny_on_the_emulated_device():
+    """Every section of bench cuda at --tiny shapes on the emulated GPU: whole rows, PyTorch's
+    side saying it has no CUDA; the flex rows as check_flex_rows says."""
+    j = json.loads(emu_bench("--tiny", "--json").stdout)
+    assert j["status"] == "ok" and j["tiny"] is True and j["quick"] is False, j
+    assert "emulated" in j["device"], j["device"]
+    assert [(g["case"], g["dtype"]) for g in j["gemm"]] == [
+        (c, dt) for c in ("tiny square 96", "tiny nt", "tiny tn") for dt in ("f32", "bf16")], j["gemm"]
+    assert all(g["tflops"] > 0 for g in j["gemm"]), j["gemm"]
+    assert (j["loss"]["N"], j["loss"]["D"], j["loss"]["V"]) == (64, 64, 1000), j["loss"]
+    assert all("time" in c for c in j["loss"]["cases"]), j["loss"]
+    rows = j["train_step"]["rows"]
+    assert [(r["model"], r["batch"], r["seq"], r["dtype"]) for r in rows] == [
+        ("tiny", 2, 32, "f32"), ("tiny", 2, 32, "bf16")], rows
+    for r in rows:
+        assert r["ctorch"]["tokens_per_s"] > 0, r
+        assert 5.0 < r["ctorch"]["loss_first"] < 8.0, r  # near ln(512) at the start
+    assert j["torch"]["status"] == "no cuda" and torch.__version__ in j["torch"]["reason"], j["torch"]
+    check_flex_rows(j)
+
+
+def test_bench_cuda_only_flex_text_on_the_emulated_device():
+    """--only flex: the flex section alone, in the text table too."""
+    out = emu_bench("--tiny", "--only", "flex").stdout
+    assert "FlexAttention bf16" in out and "GEMM (median" not in out and "Training step" not in out, out
+    assert out.count("forward + backward run twice: identical bytes") == 3, out  # flex x 2, sdpa causal
+    assert "ctorch sdpa causal" in out and "PyTorch: no cuda" in out, out
+    j = json.loads(emu_bench("--tiny", "--only", "flex,gemm", "--json").stdout)
+    assert set(j) >= {"gemm", "flex"} and "loss" not in j and "train_step" not in j, j
+    check_flex_rows(j)
+
+
+def test_bench_cuda_rejects_bad_sections():
+    r = ctorch("bench", "cuda", "--only", "gemm,frob", ok=False)
+    assert r.returncode == 2 and "'frob' is not a section" in r.stderr, r.stderr
+    r = ctorch("bench", "cuda", "--only", "", ok=False)
+    assert r.returncode == 2 and "--only" in r.stderr, r.stderr
+    r = ctorch("bench", "cuda", "--quick", "--tiny", ok=False)
+    assert r.returncode == 2 and "--tiny" in r.stderr, r.stderr
+
+
+def test_torch_cuda_flex_rows_run_on_cpu():
+    """bench/torch_cuda.py's flex rows on the CPU (--flex-on-cpu, flex_attention uncompiled):
+    each method's forward has figures; every pass has figures or PyTorch's own refusal (2.13
+    refuses the flex backward on the CPU); SDPA's backward runs with deterministic algorithms
+    off and on; a bad spec is a row with an error."""
+    script = os.path.join(ROOT, "bench", "torch_cuda.py")
+    r = subprocess.run([sys.executable, script, "--flex-on-cpu", "--repeats", "2", "--flex",
+                        "sliding window 8:1:2:64:16:8:16", "--flex", "causal:2:1:48:8:0:16", "--flex", "bad:1:2",
+                        "--flex", "zero:0:1:16:8:0:16"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["status"] == "cpu check", j
+    rows = j["flex"]
+    assert len(rows) == 4, rows
+    for row, (name, B, H, L, E, W) in zip(rows, (("sliding window 8", 1, 2, 64, 16, 8), ("causal", 2, 1, 48, 8, 0))):
+        assert (row["case"], row["B"], row["H"], row["L"], row["E"], row["window"], row["block_size"]) == \
+            (name, B, H, L, E, W, 16), row
+        assert "error" not in row, row
+        for m in ("flex_compiled", "sdpa_bool_mask", "sdpa_causal_flash"):
+            x = row[m]
+            assert x["fwd"]["median_s"] > 0 and x["fwd"]["repeats"] == 2, (m, x)
+            for p in ("fwd_bwd", "fwd_bwd_deterministic"):
+                assert x[p].get("median_s", 0) > 0 or x[p]["error"], (m, p, x)
+            assert "peak_bytes" not in x["fwd"], x  # no CUDA figures off a GPU
+        assert row["flex_compiled"]["op"] == "flex_attention (eager)", row
+        for m in ("sdpa_bool_mask", "sdpa_causal_flash"):
+            assert "error" not in row[m]["fwd_bwd"] and "error" not in row[m]["fwd_bwd_deterministic"], row[m]
+        assert ("not the window" in row["sdpa_causal_flash"]["op"]) == (W > 0), row
+    for row in rows[2:]:
+        assert "expected NAME:B:H:L:E:WINDOW:BLOCK" in row["error"], row
