@@ -174,7 +174,7 @@ static ct_status cb_fused_once(ct_device *d, void *arg)
     ct_ce_outputs out = {c->loss, NULL, c->lse};
     ct_lce_grads g = {c->dh, c->dw, NULL, false};
     ct_ce_options o = ct_ce_options_default();
-    CT_DEV(d, lce, &out, &g, 1.0f, &in, &o);
+    CT_DEV(d, lce, &out, &g, 1.0f, NULL, 0, &in, &o);
     return CT_OK;
 }
 

@@ -86,7 +86,8 @@ int ctcu_ce_fwd(ct_backend *b, ct_ce_outputs *out, const float *logits, const in
 int ctcu_ce_bwd(ct_backend *b, float *dlogits, float grad_scale, const float *logits,
                 const int32_t *target, int64_t N, int64_t V, const ct_ce_options *o);
 int ctcu_lce(ct_backend *b, ct_ce_outputs *out, ct_lce_grads *grads, float grad_scale,
-             const ct_lce_inputs *in, const ct_ce_options *o);
+             const float *grad_rows, unsigned flags, const ct_lce_inputs *in,
+             const ct_ce_options *o);
 
 int ctcu_sdpa_fwd(ct_backend *b, const ct_attn_args *a);
 int ctcu_sdpa_bwd(ct_backend *b, const ct_attn_args *a, const ct_attn_grads *g);

@@ -11,27 +11,34 @@
  *
  * Slot conventions (backend.h): pointers are device memory; class_weight is a device pointer;
  * grad_scale is the upstream gradient of the loss: of the single value for MEAN / SUM, of
- * every row for NONE (all rows get the same upstream gradient). As ce_core.c's ce_row_scale,
- * a non-ignored row's gradient is scaled by grad_scale (NONE, SUM) or by grad_scale / denom in
- * double, rounded to f32 (MEAN). The mean's denominator (count of non-ignored rows, or the sum
- * of their class weights) and sum_c w_c are computed on the device.
+ * every row for NONE (all rows get the same upstream gradient) unless the fused loss gets
+ * grad_rows (NONE: row n's upstream gradient, device memory). As ce_core.c's ce_row_scale,
+ * a non-ignored row's gradient is scaled by grad_scale (NONE, SUM), grad_rows[n] (NONE) or by
+ * grad_scale / denom in double, rounded to f32 (MEAN). The mean's denominator (count of
+ * non-ignored rows, or the sum of their class weights) and sum_c w_c are computed on the
+ * device.
  *
  * The fused loss (lce) never holds N x V logits: tokens go in blocks of nb rows, the
  * vocabulary in tiles of vt columns, and the logits tile L [nb, ld] (ld >= vt) lives in the
- * scratch, sized from o->scratch_bytes (default 64 MiB, as on the CPU). Per token block:
+ * scratch, sized from o->scratch_bytes (0: LCE_DEFAULT_BUDGET, 1 GiB; lce_tiling says how
+ * the budget is split). Per token block:
  *   pass 1, tiles t = 0..T-1: L = h W[t]^T (ctcu_gemm, f32 or bf16 operands, f32 out), bias
  *     and softcap applied in place, each row's running max / sum of exponentials (the CPU's
  *     ce_row_stats: tile max, then the tile's sum of exp(z - max) rescaled into the running
  *     sum), the target logit and sum_c w_c z_c; then each row's lse, loss and z term;
  *   pass 2 (gradients wanted), tiles t = T-1..0: the last tile of pass 1 is still in L, the
- *     others are recomputed; L becomes the gradient G (ce_row_grad's formula) in place; then
+ *     others are recomputed; L becomes the gradient G (ce_row_grad's formula); then
  *     db[t] (+)= column sums of G (rows in order), dh (+)= G W[t] (one GEMM per tile, beta 1
  *     after the block's first), dW[t] (+)= G^T h (beta 0 on the first token block unless
  *     accumulating).
+ * When one tile holds whole rows (vt = V) pass 2 recomputes nothing: three GEMMs per block.
  * bf16 operands: the logits GEMM takes them as they are (bf16 x bf16 products are exact in
- * f32, accumulation in f32); the two gradient GEMMs take G in f32 as the CPU path does
- * (linear_cross_entropy.c widens h and W to f32 and never rounds G), so h's block and W's
- * tile are widened to f32 in the scratch when dW / dh are wanted.
+ * f32, accumulation in f32). The gradient GEMMs, by default, take G rounded to bf16 (round to
+ * nearest even, written to Gb [nb, ldg] beside L) with h and W as they are: bf16 operands,
+ * f32 accumulation, PyTorch's bf16 numerics at tensor-core speed; db sums the rounded G.
+ * With CT_LCE_F32_GRADS they take G in f32 as the CPU path does (linear_cross_entropy.c
+ * widens h and W to f32 and never rounds G), so h's block and W's tile are widened to f32 in
+ * the scratch when dW / dh are wanted (f32 GEMMs: several times slower).
  */
 #include "cuda/cuda_internal.cuh"
 
@@ -43,6 +50,9 @@
 #define LCE_VT_MIN 256   /* vocabulary tiles at least this wide before token blocks stay big */
 #define LCE_VT_FLOOR 8   /* narrower tiles: the budget is refused */
 #define LCE_ALIGN 256
+#define LCE_NB_GOOD 1024 /* token blocks at least this tall keep the GEMMs' M large */
+#define LCE_VT_GOOD 2048 /* tiles at least this wide keep dh's K (and the logits' N) large */
+#define LCE_DEFAULT_BUDGET ((size_t)1 << 30) /* o->scratch_bytes == 0 */
 
 namespace {
 
@@ -373,40 +383,61 @@ __global__ void k_lce_finish(float *lse, float *loss_rows, float *z_rows, const 
 
 /* Turn a logits tile into the gradient w.r.t. the (pre-softcap) logits, in place. prepared:
  * the tile already holds bias + softcap (pass 1's last tile); else they are applied first. */
-template <typename TT>
+/* bf16 bits of x, round to nearest even; NaN stays NaN (quiet bit set), as ct_f32_to_bf16. */
+__device__ __forceinline__ uint16_t bf16_bits(float x)
+{
+    uint32_t u = __float_as_uint(x);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+__device__ __forceinline__ void store_grad(float *p, float v) { *p = v; }
+__device__ __forceinline__ void store_grad(uint16_t *p, float v) { *p = bf16_bits(v); }
+__device__ __forceinline__ float load_grad(const float *p) { return *p; }
+__device__ __forceinline__ float load_grad(const uint16_t *p) { return __uint_as_float((uint32_t)*p << 16); }
+
+/* The logits tile's gradient G w.r.t. the (pre-softcap) logits into G [nb, ldg] (GT float: G
+ * may be L itself, ldg = ld; uint16_t: bf16 bits, rounded to nearest even). prepared: the
+ * tile already holds bias + softcap (pass 1's last tile); else they are applied first. Row
+ * n's upstream gradient: grad_rows[n] when given (NONE), else row_scale's. */
+template <typename TT, typename GT>
 __global__ void __launch_bounds__(CE_THREADS)
-    k_lce_grad(float *L, int64_t ld, int64_t nb, int64_t v0, int64_t vc, const float *bias,
-               const TT *target, int64_t n0, CeOpt o, const float *lse, const CeStats *st,
-               float grad_scale, int prepared)
+    k_lce_grad(float *L, int64_t ld, GT *G, int64_t ldg, int64_t nb, int64_t v0, int64_t vc,
+               const float *bias, const TT *target, int64_t n0, CeOpt o, const float *lse,
+               const CeStats *st, float grad_scale, const float *grad_rows, int prepared)
 {
     for (int64_t r = blockIdx.x; r < nb; r += gridDim.x) {
-        float *z = L + r * ld;
+        const float *z = L + r * ld;
+        GT *gr = G + r * ldg;
         int64_t n = n0 + r, y = target_of(target, n, o.ignore_index);
-        float g = y >= 0 ? row_scale(o, st, grad_scale) : 0.0f;
+        float g = y < 0 ? 0.0f : grad_rows ? grad_rows[n] : row_scale(o, st, grad_scale);
         if (y < 0 || g == 0.0f) {
-            for (int64_t j = threadIdx.x; j < vc; j += blockDim.x) z[j] = 0.0f;
+            for (int64_t j = threadIdx.x; j < vc; j += blockDim.x) store_grad(&gr[j], 0.0f);
             continue;
         }
         float wsum = st->wsum, wy = o.cw ? o.cw[y] : 1.0f, Ln = lse[n];
         float A = grad_A(o, wsum, wy, Ln);
         for (int64_t j = threadIdx.x; j < vc; j += blockDim.x) {
-            float x = z[j];
+            float x = z[j]; /* read before the store: G may be L (same element, same thread) */
             if (!prepared) {
                 if (bias) x += bias[v0 + j];
                 x = softcap(o, x);
             }
-            z[j] = grad_elem(o, x, v0 + j, y, Ln, g, A, wy);
+            store_grad(&gr[j], grad_elem(o, x, v0 + j, y, Ln, g, A, wy));
         }
     }
 }
 
-/* db[j] (+)= sum over rows r = 0..nb-1 (in order) of G[r, j], one thread per column. */
-__global__ void k_col_sums(float *db, const float *G, int64_t ld, int64_t nb, int64_t vc, int add)
+/* db[j] (+)= sum over rows r = 0..nb-1 (in order) of G[r, j] (f32 or bf16 bits), one thread
+ * per column. */
+template <typename GT>
+__global__ void k_col_sums(float *db, const GT *G, int64_t ld, int64_t nb, int64_t vc, int add)
 {
     for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < vc;
          j += (int64_t)gridDim.x * blockDim.x) {
         float s = add ? db[j] : 0.0f;
-        for (int64_t r = 0; r < nb; r++) s += G[r * ld + j];
+        for (int64_t r = 0; r < nb; r++) s += load_grad(&G[r * ld + j]);
         db[j] = s;
     }
 }
@@ -494,50 +525,93 @@ int check_options(const char *slot, const ct_ce_options *o, int64_t N, int64_t V
 /* ---- the fused loss's tiling ---------------------------------------------------------------- */
 
 struct LceTiling {
-    int64_t nb, vt, ld; /* token rows per block, vocabulary columns per tile, L's row stride */
+    int64_t nb, vt, ld, ldg; /* token rows per block, vocabulary columns per tile, the row
+                                strides of L (f32) and of Gb (bf16; 0: no Gb) */
 };
 
+/* What the scratch holds beside the tiles. */
+struct LceNeeds {
+    bool g16;    /* Gb: G rounded to bf16 for bf16 gradient GEMMs */
+    bool h, w;   /* CT_LCE_F32_GRADS with bf16: h's block / W's tile widened to f32 */
+};
+
+size_t ld_of(int64_t vt) { return (size_t)(vt + 7) / 8 * 8; }
+
 /* Scratch bytes of a tiling (every piece rounded to LCE_ALIGN). */
-size_t lce_bytes(int64_t N, int64_t D, int64_t nb, int64_t vt, int64_t ld, bool need_h, bool need_w)
+size_t lce_bytes(int64_t N, int64_t D, int64_t nb, int64_t vt, int64_t ld, int64_t ldg,
+                 const LceNeeds &q)
 {
     size_t s = align_up(sizeof(CeStats)) + 3 * align_up((size_t)N * sizeof(float));
     s += align_up((size_t)nb * (size_t)ld * sizeof(float));
+    if (q.g16) s += align_up((size_t)nb * (size_t)ldg * sizeof(uint16_t));
     s += 4 * align_up((size_t)nb * sizeof(float));
-    if (need_h) s += align_up((size_t)nb * (size_t)D * sizeof(float));
-    if (need_w) s += align_up((size_t)vt * (size_t)D * sizeof(float));
+    if (q.h) s += align_up((size_t)nb * (size_t)D * sizeof(float));
+    if (q.w) s += align_up((size_t)vt * (size_t)D * sizeof(float));
     return s;
 }
 
-/* The biggest token block (all N rows first) beside tiles of at least LCE_VT_MIN columns (or
- * V), then the widest tile beside it; blocks and tiles evened out; L's stride rounded up to 8
- * floats when that still fits. false when even LCE_VT_FLOOR columns of one row do not fit. */
-bool lce_tiling(LceTiling *t, int64_t N, int64_t D, int64_t V, bool need_h, bool need_w,
-                size_t budget)
+/* The widest tile (<= V) beside token blocks of nb rows within budget (0: none fits). */
+int64_t widest_tile(int64_t N, int64_t D, int64_t V, int64_t nb, const LceNeeds &q, size_t budget)
+{
+    int64_t lo = 0, hi = V;
+    while (lo < hi) { /* bytes grow with vt */
+        int64_t mid = lo + (hi - lo + 1) / 2;
+        if (lce_bytes(N, D, nb, mid, mid, mid, q) <= budget) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+/* The tiling rule (GEMM shapes first, then the budget):
+ *  1. Whole rows (vt = V: three GEMMs per token block, nothing recomputed) when the budget
+ *     holds them for blocks of at least min(N, LCE_NB_GOOD) rows: the tallest such block.
+ *  2. Else the tallest block (from all N rows, halving) whose tile is at least
+ *     min(V, LCE_VT_GOOD) wide, halving no lower than LCE_NB_GOOD rows;
+ *  3. below that (small budgets) halving on until the tile is at least LCE_VT_MIN columns
+ *     (or V) wide, or one row.
+ * Then blocks and tiles are evened out (the same count, sizes differing by at most one) and
+ * the row strides rounded up to 8 elements when that still fits. false when even
+ * LCE_VT_FLOOR columns of one row do not fit. Examples (D = 4096, V = 128256, bf16 G): a
+ * 1 GiB budget gives whole rows in blocks of 1366 (N = 8192: 6 blocks; N = 32768: 24), about
+ * 1.0 GiB of scratch; 64 MiB gives blocks of 4096 rows and tiles of 2726 columns (47 tiles). */
+bool lce_tiling(LceTiling *t, int64_t N, int64_t D, int64_t V, const LceNeeds &q, size_t budget)
 {
     int64_t vmin = V < LCE_VT_MIN ? V : LCE_VT_MIN, floor_vt = V < LCE_VT_FLOOR ? V : LCE_VT_FLOOR;
+    int64_t vgood = V < LCE_VT_GOOD ? V : LCE_VT_GOOD, nbgood = N < LCE_NB_GOOD ? N : LCE_NB_GOOD;
     int64_t nb = N, vt = 0;
-    for (;;) {
-        /* widest vt with lce_bytes(nb, vt, vt) <= budget (bytes grow with vt) */
-        int64_t lo = 0, hi = V;
-        while (lo < hi) {
-            int64_t mid = lo + (hi - lo + 1) / 2;
-            if (lce_bytes(N, D, nb, mid, mid, need_h, need_w) <= budget) lo = mid;
-            else hi = mid - 1;
+    /* 1: the tallest block of whole rows (rows grow the bytes: binary search) */
+    int64_t lo = 0, hi = N;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo + 1) / 2;
+        if (lce_bytes(N, D, mid, V, V, V, q) <= budget) lo = mid;
+        else hi = mid - 1;
+    }
+    if (lo >= nbgood && lo >= 1) {
+        nb = lo;
+        vt = V;
+    } else {
+        for (;;) {
+            vt = widest_tile(N, D, V, nb, q, budget);
+            if (vt >= vgood || nb == 1) break;
+            if (nb > LCE_NB_GOOD) { /* 2 */
+                nb = (nb + 1) / 2 > LCE_NB_GOOD ? (nb + 1) / 2 : LCE_NB_GOOD;
+                continue;
+            }
+            if (vt >= vmin) break; /* 3 */
+            nb = (nb + 1) / 2;
         }
-        vt = lo;
-        if (vt >= vmin || nb == 1) break;
-        nb = (nb + 1) / 2;
     }
     if (vt < floor_vt || vt < 1) return false;
     int64_t k = (N + nb - 1) / nb;
     nb = (N + k - 1) / k;
     int64_t T = (V + vt - 1) / vt;
     vt = (V + T - 1) / T;
-    int64_t ld = (vt + 7) / 8 * 8;
-    if (lce_bytes(N, D, nb, vt, ld, need_h, need_w) > budget) ld = vt;
+    int64_t ld = (int64_t)ld_of(vt);
+    if (lce_bytes(N, D, nb, vt, ld, ld, q) > budget) ld = vt;
     t->nb = nb;
     t->vt = vt;
     t->ld = ld;
+    t->ldg = q.g16 ? ld : 0;
     return true;
 }
 
@@ -547,12 +621,15 @@ struct Lce {
     const ct_lce_inputs *in;
     CeOpt o;
     bool bf16;
+    bool g16;                        /* gradient GEMMs on bf16 G (bf16 inputs, no F32 flag) */
     LceTiling t;
     CeStats *st;
     float *lse, *loss_rows, *z_rows; /* [N] */
     float *L;                        /* [nb, ld] */
+    uint16_t *Gb;                    /* g16: [nb, ldg] */
     RowState rs;                     /* [nb] each */
-    float *hbuf, *wbuf;              /* bf16: h's block, W's tile as f32 */
+    float *hbuf, *wbuf;              /* bf16 with CT_LCE_F32_GRADS: h's block, W's tile as f32 */
+    const float *grad_rows;          /* NONE: [N] upstream gradients, or NULL */
 };
 
 /* L[0:nb, 0:vc] = h[n0:n0+nb] W[v0:v0+vc]^T. */
@@ -580,9 +657,14 @@ template <typename TT>
 int lce_grad(Lce &c, const TT *target, int64_t n0, int64_t nb, int64_t v0, int64_t vc,
              float grad_scale, bool prepared)
 {
-    k_lce_grad<TT><<<row_grid(nb), CE_THREADS, 0, c.s>>>(c.L, c.t.ld, nb, v0, vc, c.in->bias,
-                                                          target, n0, c.o, c.lse, c.st, grad_scale,
-                                                          prepared ? 1 : 0);
+    if (c.g16)
+        k_lce_grad<TT, uint16_t><<<row_grid(nb), CE_THREADS, 0, c.s>>>(
+            c.L, c.t.ld, c.Gb, c.t.ldg, nb, v0, vc, c.in->bias, target, n0, c.o, c.lse, c.st,
+            grad_scale, c.grad_rows, prepared ? 1 : 0);
+    else
+        k_lce_grad<TT, float><<<row_grid(nb), CE_THREADS, 0, c.s>>>(
+            c.L, c.t.ld, c.L, c.t.ld, nb, v0, vc, c.in->bias, target, n0, c.o, c.lse, c.st,
+            grad_scale, c.grad_rows, prepared ? 1 : 0);
     return ctcu_launched("lce: logit gradients");
 }
 
@@ -616,13 +698,19 @@ int lce_block(Lce &c, const TT *target, int64_t n0, int64_t nb, const ct_lce_gra
     bool acc = g->accumulate;
     float *dh = g->dh && D > 0 ? g->dh + n0 * D : NULL;
     float *dW = D > 0 ? g->dweight : NULL;
-    const float *hf = NULL;
+    /* the gradient GEMMs' operands: G (f32 L or bf16 Gb), h's block and W's tiles */
+    const void *G = c.g16 ? (const void *)c.Gb : (const void *)c.L;
+    int64_t ldg = c.g16 ? c.t.ldg : c.t.ld;
+    ct_dtype gdt = c.g16 ? CT_DTYPE_BF16 : CT_DTYPE_F32;
+    const void *hop = NULL;
     if (dW) {
-        if (c.bf16) {
+        if (c.g16) {
+            hop = (const uint16_t *)c.in->h + n0 * D;
+        } else if (c.bf16) {
             rc = widen(c, c.hbuf, (const uint16_t *)c.in->h + n0 * D, nb * D, "lce: widen h");
-            hf = c.hbuf;
+            hop = c.hbuf;
         } else {
-            hf = (const float *)c.in->h + n0 * D;
+            hop = (const float *)c.in->h + n0 * D;
         }
     }
     float dw_beta = acc || n0 > 0 ? 1.0f : 0.0f;
@@ -633,29 +721,34 @@ int lce_block(Lce &c, const TT *target, int64_t n0, int64_t nb, const ct_lce_gra
         if (!prepared && (rc = lce_logits(c, n0, nb, v0, vc))) break;
         if ((rc = lce_grad(c, target, n0, nb, v0, vc, grad_scale, prepared))) break;
         if (g->dbias) {
-            k_col_sums<<<ctcu_blocks(vc, 256), 256, 0, c.s>>>(g->dbias + v0, c.L, c.t.ld, nb, vc,
-                                                              db_add ? 1 : 0);
+            if (c.g16)
+                k_col_sums<uint16_t><<<ctcu_blocks(vc, 256), 256, 0, c.s>>>(g->dbias + v0, c.Gb, ldg,
+                                                                            nb, vc, db_add ? 1 : 0);
+            else
+                k_col_sums<float><<<ctcu_blocks(vc, 256), 256, 0, c.s>>>(g->dbias + v0, c.L, ldg, nb,
+                                                                         vc, db_add ? 1 : 0);
             if ((rc = ctcu_launched("lce: bias gradient"))) break;
         }
         if (dh) {
-            const float *wf;
-            if (c.bf16) {
+            const void *wop;
+            if (c.g16) {
+                wop = (const uint16_t *)c.in->weight + v0 * D;
+            } else if (c.bf16) {
                 if ((rc = widen(c, c.wbuf, (const uint16_t *)c.in->weight + v0 * D, vc * D,
                                 "lce: widen W")))
                     break;
-                wf = c.wbuf;
+                wop = c.wbuf;
             } else {
-                wf = (const float *)c.in->weight + v0 * D;
+                wop = (const float *)c.in->weight + v0 * D;
             }
             float beta = dh_first && !acc ? 0.0f : 1.0f;
-            rc = ctcu_gemm(c.b, false, false, nb, D, vc, 1.0f, c.L, c.t.ld, wf, D, beta, dh, D,
-                           CT_DTYPE_F32);
+            rc = ctcu_gemm(c.b, false, false, nb, D, vc, 1.0f, G, ldg, wop, D, beta, dh, D, gdt);
             dh_first = false;
             if (rc) break;
         }
         if (dW)
-            rc = ctcu_gemm(c.b, true, false, vc, D, nb, 1.0f, c.L, c.t.ld, hf, D, dw_beta,
-                           dW + v0 * D, D, CT_DTYPE_F32);
+            rc = ctcu_gemm(c.b, true, false, vc, D, nb, 1.0f, G, ldg, hop, D, dw_beta, dW + v0 * D, D,
+                           gdt);
     }
     return rc;
 }
@@ -722,7 +815,8 @@ extern "C" int ctcu_ce_bwd(ct_backend *b, float *dlogits, float grad_scale, cons
 }
 
 extern "C" int ctcu_lce(ct_backend *b, ct_ce_outputs *out, ct_lce_grads *grads, float grad_scale,
-                        const ct_lce_inputs *in, const ct_ce_options *o)
+                        const float *grad_rows, unsigned flags, const ct_lce_inputs *in,
+                        const ct_ce_options *o)
 {
     if (!in) return ctcu_fail(CT_EINVAL, "lce: inputs must not be NULL");
     int rc = check_options("lce", o, in->N, in->V);
@@ -751,19 +845,24 @@ extern "C" int ctcu_lce(ct_backend *b, ct_ce_outputs *out, ct_lce_grads *grads, 
     c.in = in;
     c.o = make_opt(o, V);
     c.bf16 = in->dtype == CT_DTYPE_BF16;
-    bool need_h = c.bf16 && grads && grads->dweight && D > 0;
-    bool need_w = c.bf16 && grads && grads->dh && D > 0;
-    size_t budget = o->scratch_bytes ? o->scratch_bytes : CT_DEFAULT_SCRATCH_BYTES;
-    if (N > 0 && !lce_tiling(&c.t, N, D, V, need_h, need_w, budget)) {
-        size_t need = lce_bytes(N, D, 1, V < LCE_VT_FLOOR ? V : LCE_VT_FLOOR,
-                                V < LCE_VT_FLOOR ? V : LCE_VT_FLOOR, need_h, need_w);
+    bool gwant = grads && D > 0 && (grads->dh || grads->dweight);
+    c.g16 = c.bf16 && gwant && !(flags & CT_LCE_F32_GRADS);
+    c.grad_rows = o->reduction == CT_REDUCTION_NONE ? grad_rows : NULL;
+    LceNeeds q;
+    q.g16 = c.g16;
+    q.h = c.bf16 && !c.g16 && grads && grads->dweight && D > 0;
+    q.w = c.bf16 && !c.g16 && grads && grads->dh && D > 0;
+    size_t budget = o->scratch_bytes ? o->scratch_bytes : LCE_DEFAULT_BUDGET;
+    if (N > 0 && !lce_tiling(&c.t, N, D, V, q, budget)) {
+        int64_t f = V < LCE_VT_FLOOR ? V : LCE_VT_FLOOR;
+        size_t need = lce_bytes(N, D, 1, f, f, f, q);
         return ctcu_fail(CT_EINVAL,
                          "lce: scratch_bytes = %zu is too small for N = %lld, D = %lld; give at least %zu",
                          budget, (long long)N, (long long)D, need);
     }
-    if (N == 0) c.t = {0, 0, 0};
+    if (N == 0) c.t = {0, 0, 0, 0};
     void *scratch = NULL;
-    if ((rc = ctcu_scratch(b, lce_bytes(N, D, c.t.nb, c.t.vt, c.t.ld, need_h, need_w), &scratch)))
+    if ((rc = ctcu_scratch(b, lce_bytes(N, D, c.t.nb, c.t.vt, c.t.ld, c.t.ldg, q), &scratch)))
         return rc;
     Carve cv = {(char *)scratch, 0};
     c.st = cv.take<CeStats>(1);
@@ -771,12 +870,13 @@ extern "C" int ctcu_lce(ct_backend *b, ct_ce_outputs *out, ct_lce_grads *grads, 
     c.loss_rows = cv.take<float>((size_t)N);
     c.z_rows = cv.take<float>((size_t)N);
     c.L = cv.take<float>((size_t)c.t.nb * (size_t)c.t.ld);
+    c.Gb = q.g16 ? cv.take<uint16_t>((size_t)c.t.nb * (size_t)c.t.ldg) : NULL;
     c.rs.m = cv.take<float>((size_t)c.t.nb);
     c.rs.l = cv.take<float>((size_t)c.t.nb);
     c.rs.zy = cv.take<float>((size_t)c.t.nb);
     c.rs.sw = cv.take<float>((size_t)c.t.nb);
-    c.hbuf = need_h ? cv.take<float>((size_t)c.t.nb * (size_t)D) : NULL;
-    c.wbuf = need_w ? cv.take<float>((size_t)c.t.vt * (size_t)D) : NULL;
+    c.hbuf = q.h ? cv.take<float>((size_t)c.t.nb * (size_t)D) : NULL;
+    c.wbuf = q.w ? cv.take<float>((size_t)c.t.vt * (size_t)D) : NULL;
     if (in->target_dtype == CT_DTYPE_I64)
         rc = lce_run(c, (const int64_t *)in->target, out, grads, grad_scale);
     else

@@ -36,6 +36,7 @@
 #define CT_DEVICE_BACKEND_H
 
 #include "ctorch/core.h"
+#include "ctorch/device.h"
 #include "ctorch/loss.h"
 #include "ctorch/tensor.h"
 
@@ -290,9 +291,15 @@ typedef struct ct_backend_ops {
     /* The fused linear + cross-entropy (ct_linear_cross_entropy_forward[_backward]): inputs
      * in->h, weight, bias, target device pointers (in->dtype f32 or bf16, target int32 or
      * int64); never the N x V logits in memory (scratch bounded by o->scratch_bytes, or the
-     * backend's own bound); grads NULL for forward only; dh and dW in a fixed order. */
+     * backend's own bound when 0); grads NULL for forward only; dh and dW in a fixed order.
+     * The upstream gradient: grad_rows (device f32 [N], reduction NONE only, checked by the
+     * device layer) gives row n's, else grad_scale (a host float) is the loss's (MEAN / SUM)
+     * or every row's (NONE). flags: CT_LCE_* of ctorch/device.h (CT_LCE_F32_GRADS: bf16
+     * inputs keep the logits' gradient in f32 for the gradient GEMMs; without it a GPU rounds
+     * it to bf16 and runs bf16 GEMMs; the CPU backend always keeps f32). */
     int (*lce)(ct_backend *b, ct_ce_outputs *out, ct_lce_grads *grads, float grad_scale,
-               const ct_lce_inputs *in, const ct_ce_options *o);
+               const float *grad_rows, unsigned flags, const ct_lce_inputs *in,
+               const ct_ce_options *o);
 
     /* ---- attention ----------------------------------------------------------------------- */
     int (*sdpa_fwd)(ct_backend *b, const ct_attn_args *a);

@@ -198,11 +198,14 @@ static int cpu_ce_bwd(ct_backend *b, float *dlogits, float grad_scale, const flo
 }
 
 static int cpu_lce(ct_backend *b, ct_ce_outputs *out, ct_lce_grads *grads, float grad_scale,
-                   const ct_lce_inputs *in, const ct_ce_options *o)
+                   const float *grad_rows, unsigned flags, const ct_lce_inputs *in,
+                   const ct_ce_options *o)
 {
+    (void)flags; /* the CPU keeps the logits' gradient in f32 (CT_LCE_F32_GRADS or not) */
     if (!grads) return ct_linear_cross_entropy_forward(out, in, o);
     if (o->reduction != CT_REDUCTION_NONE)
         return ct_linear_cross_entropy_forward_backward(out, grads, &grad_scale, in, o);
+    if (grad_rows) return ct_linear_cross_entropy_forward_backward(out, grads, grad_rows, in, o);
     float *d = NULL; /* NONE: every row's upstream gradient is grad_scale */
     CT_TRY(ct_alloc((void **)&d, (size_t)(in->N ? in->N : 1) * sizeof *d));
     for (int64_t n = 0; n < in->N; n++) d[n] = grad_scale;

@@ -426,6 +426,14 @@ ct_status ct_device_linear_cross_entropy(ct_device *d, const ct_ce_outputs *out,
                                          const ct_lce_grads *grads, float grad_scale,
                                          const ct_lce_inputs *in, const ct_ce_options *o)
 {
+    return ct_device_linear_cross_entropy_ex(d, out, grads, grad_scale, NULL, 0, in, o);
+}
+
+ct_status ct_device_linear_cross_entropy_ex(ct_device *d, const ct_ce_outputs *out,
+                                            const ct_lce_grads *grads, float grad_scale,
+                                            const float *grad_rows, unsigned flags,
+                                            const ct_lce_inputs *in, const ct_ce_options *o)
+{
     const char *fn = "ct_device_linear_cross_entropy";
     if (!d || !out || !in || !o) return ct_error(CT_EINVAL, "%s: d, out, in and o must not be NULL", fn);
     if (in->N < 0 || in->D < 1 || in->V < 1)
@@ -443,12 +451,18 @@ ct_status ct_device_linear_cross_entropy(ct_device *d, const ct_ce_outputs *out,
         !(o->softcap >= 0) || (unsigned)o->reduction > CT_REDUCTION_SUM)
         return ct_error(CT_EINVAL, "%s: options out of range (label_smoothing in [0, 1], z_loss "
                                    ">= 0, softcap >= 0, a known reduction)", fn);
+    if (flags & ~CT_LCE_F32_GRADS)
+        return ct_error(CT_EINVAL, "%s: flags 0x%x: only CT_LCE_F32_GRADS (0x%x) is known", fn, flags,
+                        CT_LCE_F32_GRADS);
+    if (grad_rows && o->reduction != CT_REDUCTION_NONE)
+        return ct_error(CT_EINVAL, "%s: grad_rows (a per-row upstream gradient) needs reduction NONE; "
+                                   "MEAN and SUM take grad_scale", fn);
     ct_lce_grads g, *gp = NULL;
     if (grads) {
         g = *grads;
         gp = &g;
     }
-    CT_DEV(d, lce, (ct_ce_outputs *)out, gp, grad_scale, in, o);
+    CT_DEV(d, lce, (ct_ce_outputs *)out, gp, grad_scale, gp ? grad_rows : NULL, flags, in, o);
     return CT_OK;
 }
 

@@ -1007,7 +1007,7 @@ ct_status gpt_head_loss(ct_gpt *m, int64_t B, int64_t T, float *loss)
         GPT_DEV(m, ce_fwd, &out, m->a.logits, m->a.tgt, N, V, &o);
     } else {
         ct_lce_inputs in = head_inputs(m, x, N);
-        GPT_DEV(m, lce, &out, NULL, 1.0f, &in, &o);
+        GPT_DEV(m, lce, &out, NULL, 1.0f, NULL, 0, &in, &o);
     }
     return gpt_host(m) ? CT_OK : ct_dev_d2h(m->dev, loss, m->a.scal, sizeof(float));
 }
@@ -1105,7 +1105,7 @@ ct_status gpt_head_backward(ct_gpt *m, int64_t B, int64_t T, float grad_scale, f
         CT_TRY(ct_dev_zero(m->dev, a->dln, (size_t)(N * C) * sizeof(float)));
         ct_lce_inputs in = head_inputs(m, x, N);
         ct_lce_grads g = {a->dln, m->g.out, NULL, true};
-        GPT_DEV(m, lce, &out, &g, grad_scale, &in, &o);
+        GPT_DEV(m, lce, &out, &g, grad_scale, NULL, 0, &in, &o);
     } else {
         CT_TRY(gpt_layer_linear(m, a->logits, V, x, m->w.out, m->w.hout, NULL, N, C, V, false));
         GPT_DEV(m, ce_fwd, &out, a->logits, a->tgt, N, V, &o);

@@ -930,7 +930,7 @@ static ct_status lce_run(const tdev *D, const void *vc, double *out)
         g.dbias = c->bias ? tb_new(&B, c->grads == 2 ? c->dw0 : NULL, (size_t)c->V * 4) : NULL;
         g.accumulate = c->grads == 2;
     }
-    if (B.st == CT_OK) B.st = SLOT(D, lce, &co, c->grads ? &g : NULL, c->grad_scale, &in, &o);
+    if (B.st == CT_OK) B.st = SLOT(D, lce, &co, c->grads ? &g : NULL, c->grad_scale, NULL, 0, &in, &o);
     size_t nout = lce_nout(c);
     float *h = malloc(nout * 4), *p = h;
     tb_get(&B, p, co.loss, c->nl * 4), p += c->nl;
