@@ -1,16 +1,23 @@
 /*
- * Device helpers shared by the attention kernels (cuda_attn.cu: dense causal SDPA; cuda_flex.cu:
- * FlexAttention): the layout's sizes, element loads and stores (f32, or bf16 bits widened /
- * rounded to nearest even), warp reductions in a fixed order, and a tile loader into shared
- * memory. Each file includes it inside its own anonymous namespace use.
+ * Device helpers shared by the attention kernels (cuda_attn.cu: dense causal SDPA; cuda_flex.cu
+ * and the compiled-mods modules of cuda_flex_jit.cu: FlexAttention): the layout's sizes, element
+ * loads and stores (f32, or bf16 bits widened / rounded to nearest even), warp reductions in a
+ * fixed order, and a tile loader into shared memory. Each file includes it inside its own
+ * anonymous namespace use.
+ *
+ * It also compiles inside a compiled-mods module (CTCU_JIT_MODULE defined by the module's
+ * prelude: NVRTC, or the emulated device's run-time compile), where no host header exists: the
+ * prelude gives the integer types, INFINITY / NAN and the device math.
  */
 #ifndef CT_CUDA_ATTN_COMMON_CUH
 #define CT_CUDA_ATTN_COMMON_CUH
 
+#ifndef CTCU_JIT_MODULE
 #include "cuda/cuda_internal.cuh"
 
 #include <cuda_bf16.h>
 #include <stdint.h>
+#endif
 
 #define CTCU_FULL_MASK 0xffffffffu
 
@@ -33,10 +40,26 @@ __device__ __forceinline__ void st_elem(float *p, int64_t i, float v)
 {
     p[i] = v;
 }
+#ifdef CTCU_JIT_MODULE
+/* f32 -> bf16 bits, round to nearest even, a NaN kept quiet with its sign (cuda_bf16.h's
+ * __float2bfloat16_rn, written with bit operations: a module includes no header). */
+__device__ __forceinline__ uint16_t bf16_bits_rn(float v)
+{
+    unsigned u = __float_as_uint(v);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+__device__ __forceinline__ void st_elem(uint16_t *p, int64_t i, float v)
+{
+    p[i] = bf16_bits_rn(v);
+}
+#else
 __device__ __forceinline__ void st_elem(uint16_t *p, int64_t i, float v)
 {
     p[i] = __bfloat16_as_ushort(__float2bfloat16_rn(v)); /* round to nearest even */
 }
+#endif
 
 __device__ __forceinline__ float nan_max(float a, float b)
 {

@@ -445,6 +445,11 @@ static const ct_backend_ops ct_cuda_ops = {
     /* flex attention */
     CTCU_SLOT(ctcu_flex_fwd),
     CTCU_SLOT(ctcu_flex_bwd),
+    /* compiled mods */
+    CTCU_SLOT(ctcu_flex_jit_identity),
+    CTCU_SLOT(ctcu_flex_jit_build),
+    CTCU_SLOT(ctcu_flex_jit_load),
+    ctcu_flex_jit_unload,
 };
 
 extern "C" __attribute__((visibility("default"))) int ct_backend_cuda_entry(int api_version,

@@ -25,240 +25,58 @@
  * Scores are the same products in the same order in all three kernels, so the backward's
  * probabilities exp(s - lse) use the forward's scores. No atomics, launch shapes from the
  * sizes only, every sum in a fixed order: the same bits run to run.
+ *
+ * The kernels' text is src/cuda/cuda_flex_kernels.cuh, templated over the mods: this file
+ * instantiates it for the built-in mods; compiled (jit) mods run the same text compiled at run
+ * time with them (cuda_flex_jit.cu), launched from here through the module.
  */
-#include "cuda/cuda_attn_common.cuh"
+#include "cuda/cuda_flex_kernels.cuh"
 #include "cuda/cuda_internal.cuh"
 
 #include <cuda_bf16.h>
 #include <math.h>
 
-#define FX_THREADS 256
-#define FX_WARPS (FX_THREADS / 32)
-#define FX_E_MAX 256
+static_assert((int)ctcu_flex::FXM_CAUSAL == (int)CT_FLEX_MASK_CAUSAL &&
+                  (int)ctcu_flex::FXM_WINDOW == (int)CT_FLEX_MASK_WINDOW &&
+                  (int)ctcu_flex::FXM_PREFIX == (int)CT_FLEX_MASK_PREFIX &&
+                  (int)ctcu_flex::FXM_DOCUMENT == (int)CT_FLEX_MASK_DOCUMENT,
+              "cuda_flex_kernels.cuh's mask bits are backend.h's");
+static_assert((int)ctcu_flex::FXS_NONE == (int)CT_FLEX_SCORE_NONE &&
+                  (int)ctcu_flex::FXS_SOFTCAP == (int)CT_FLEX_SCORE_SOFTCAP &&
+                  (int)ctcu_flex::FXS_ALIBI == (int)CT_FLEX_SCORE_ALIBI,
+              "cuda_flex_kernels.cuh's score mods are backend.h's");
 
 namespace {
 
-using namespace ctcu_attn;
+using namespace ctcu_flex;
 
-/* The block mask's lists (device pointers) and its broadcast. */
-struct Mask {
-    int64_t B, H, bs, nqb, nkb;
-    const int64_t *kv_ptr, *full_kv_ptr, *q_ptr, *full_q_ptr;
-    const int32_t *kv_idx, *full_kv_idx, *q_idx, *full_q_idx;
-};
-
-/* The built-in mods (ct_flex_mods) with T for the document ids' rows. */
-struct Mods {
-    unsigned bits;
-    int64_t window, prefix, T, doc_batch;
-    const int32_t *q_doc, *kv_doc;
-    int score;
-    float cap;
-    const float *slopes;
-};
-
-/* ---- mods ----------------------------------------------------------------------------------- */
-
-/* Whether query q may attend key kv of batch b: the AND of the masks of the bits set. */
-__device__ __forceinline__ bool keep_pair(const Mods &m, int64_t b, int64_t q, int64_t kv)
-{
-    if ((m.bits & CT_FLEX_MASK_CAUSAL) && kv > q) return false;
-    if (m.bits & CT_FLEX_MASK_WINDOW) {
-        int64_t dd = q - kv;
-        if (dd > m.window || -dd > m.window) return false;
-    }
-    if ((m.bits & CT_FLEX_MASK_PREFIX) && !(kv < m.prefix || kv <= q)) return false;
-    if (m.bits & CT_FLEX_MASK_DOCUMENT) {
-        int64_t r = (m.doc_batch == 1 ? 0 : b) * m.T;
-        if (m.q_doc[r + q] != m.kv_doc[r + kv]) return false;
-    }
-    return true;
-}
-
-/* score_mod(s) for query q and key kv (slope: the head's ALiBi slope). Rounded step by step as
- * the CPU mods (no contraction into fused multiply-adds). */
-__device__ __forceinline__ float mod_score(const Mods &m, float s, float slope, int64_t q, int64_t kv)
-{
-    if (m.score == CT_FLEX_SCORE_SOFTCAP) return __fmul_rn(m.cap, tanhf(__fdiv_rn(s, m.cap)));
-    if (m.score == CT_FLEX_SCORE_ALIBI) return __fadd_rn(s, __fmul_rn(slope, (float)(kv - q)));
-    return s;
-}
-
-/* d score_mod / d s at the score s before the mod. */
-__device__ __forceinline__ float mod_grad(const Mods &m, float s)
-{
-    if (m.score == CT_FLEX_SCORE_SOFTCAP) {
-        float t = tanhf(__fdiv_rn(s, m.cap));
-        return __fsub_rn(1.0f, __fmul_rn(t, t));
-    }
-    return 1.0f;
-}
-
-/* What the mask is over the tile of queries [q0, q0 + nq) x keys [k0, k0 + nk) of a partial
- * block: 0 every pair masked, 2 every pair kept, 1 mixed or not known (documents). From the
- * band bits' structure in O(1), exact like the CPU mods' classifiers; a skipped tile adds
- * exact zeros (nothing to a softmax sum, a maximum or a product), so the results are those of
- * the per-pair mask (up to the sign of a zero). */
-__device__ __forceinline__ int tile_kind(const Mods &m, int64_t q0, int64_t nq, int64_t k0, int64_t nk)
-{
-    int64_t q1 = q0 + nq - 1, k1 = k0 + nk - 1; /* inclusive */
-    int64_t dmin = q0 - k1, dmax = q1 - k0;  /* the range of q - kv */
-    bool full = !(m.bits & CT_FLEX_MASK_DOCUMENT);
-    if (m.bits & CT_FLEX_MASK_CAUSAL) {
-        if (dmax < 0) return 0;
-        full = full && dmin >= 0;
-    }
-    if (m.bits & CT_FLEX_MASK_WINDOW) {
-        if (dmax < -m.window || dmin > m.window) return 0;
-        full = full && dmin >= -m.window && dmax <= m.window;
-    }
-    if (m.bits & CT_FLEX_MASK_PREFIX) {
-        if (k0 >= m.prefix && dmax < 0) return 0;
-        full = full && (k1 < m.prefix || dmin >= 0);
-    }
-    return full ? 2 : 1;
-}
-
-/* ---- block lists ---------------------------------------------------------------------------- */
-
-struct BList {
-    const int32_t *full, *part;
-    int64_t nfull, npart, a, p;
-};
-
-/* The key blocks of query block qb of (b, h). */
-__device__ __forceinline__ BList row_list(const Mask &m, int64_t b, int64_t h, int64_t qb)
-{
-    int64_t r = ((m.B == 1 ? 0 : b) * m.H + (m.H == 1 ? 0 : h)) * m.nqb + qb;
-    int64_t f0 = m.full_kv_ptr[r], p0 = m.kv_ptr[r];
-    return {m.full_kv_idx + f0, m.kv_idx + p0, m.full_kv_ptr[r + 1] - f0, m.kv_ptr[r + 1] - p0, 0, 0};
-}
-
-/* The query blocks of key block kb of (b, h). */
-__device__ __forceinline__ BList col_list(const Mask &m, int64_t b, int64_t h, int64_t kb)
-{
-    int64_t c = ((m.B == 1 ? 0 : b) * m.H + (m.H == 1 ? 0 : h)) * m.nkb + kb;
-    int64_t f0 = m.full_q_ptr[c], p0 = m.q_ptr[c];
-    return {m.full_q_idx + f0, m.q_idx + p0, m.full_q_ptr[c + 1] - f0, m.q_ptr[c + 1] - p0, 0, 0};
-}
-
-/* The next block in ascending order (-1 when done); *partial says which list it came from.
- * Every thread of a block walks the same list: the answers are block-uniform. */
-__device__ __forceinline__ int64_t next_block(BList &l, bool *partial)
-{
-    bool hf = l.a < l.nfull, hp = l.p < l.npart;
-    if (!hf && !hp) return -1;
-    if (hp && (!hf || l.part[l.p] < l.full[l.a])) {
-        *partial = true;
-        return l.part[l.p++];
-    }
-    *partial = false;
-    return l.full[l.a++];
-}
-
-/* ---- forward ---------------------------------------------------------------------------------- */
+/* ---- the kernels for the built-in mods ----------------------------------------------------- */
 
 template <typename T, int EC, int BR>
 __global__ void __launch_bounds__(FX_THREADS)
     k_flex_fwd(const T *q, const T *k, const T *v, T *out, float *lse, Dims d, Mask mk, Mods md)
 {
-    constexpr int RW = BR / FX_WARPS, KPL = BR / 32;
     extern __shared__ float sm[];
-    const int E = (int)d.E, S = E | 1;
-    float *Qs = sm, *Ks = Qs + BR * S, *Vs = Ks + BR * S, *Ps = Vs + BR * S;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float *Pw = Ps + warp * BR;
-    const int64_t nqt = (d.T + BR - 1) / BR, units = nqt * d.B * d.H;
-    for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
-        int64_t qt = nqt - 1 - u % nqt, bh = u / nqt, b = bh / d.H, h = bh % d.H, hk = h / d.G;
-        int64_t q0 = qt * BR;
-        int nq = (int)(d.T - q0 < BR ? d.T - q0 : BR);
-        float slope = md.score == CT_FLEX_SCORE_ALIBI ? md.slopes[h] : 0.0f;
-        __syncthreads(); /* the previous unit is done with the tiles */
-        load_tile<T, BR>(Qs, S, q, b, q0, nq, h, d.H, d, d.scale);
-        float m[RW], l[RW], acc[RW][EC];
-#pragma unroll
-        for (int i = 0; i < RW; i++) {
-            m[i] = -INFINITY;
-            l[i] = 0.0f;
-#pragma unroll
-            for (int c = 0; c < EC; c++) acc[i][c] = 0.0f;
-        }
-        BList bl = row_list(mk, b, h, q0 / mk.bs);
-        bool partial = false;
-        int64_t kb;
-        while ((kb = next_block(bl, &partial)) >= 0) {
-            int64_t kend = (kb + 1) * mk.bs < d.T ? (kb + 1) * mk.bs : d.T;
-            for (int64_t k0 = kb * mk.bs; k0 < kend; k0 += BR) {
-                int nk = (int)(kend - k0 < BR ? kend - k0 : BR);
-                int kind = partial ? tile_kind(md, q0, nq, k0, nk) : 2; /* block-uniform */
-                if (kind == 0) continue;
-                bool per_pair = kind == 1;
-                __syncthreads();
-                load_tile<T, BR>(Ks, S, k, b, k0, nk, hk, d.Hk, d, 1.0f);
-                load_tile<T, BR>(Vs, S, v, b, k0, nk, hk, d.Hk, d, 1.0f);
-                __syncthreads();
-#pragma unroll
-                for (int i = 0; i < RW; i++) {
-                    int r = warp * RW + i;
-                    if (r >= nq) continue; /* warp-uniform */
-                    int64_t tq = q0 + r;
-                    float s[KPL], mt = -INFINITY;
-#pragma unroll
-                    for (int c = 0; c < KPL; c++) {
-                        int j = lane + 32 * c;
-                        float x = -INFINITY;
-                        if (j < nk && (!per_pair || keep_pair(md, b, tq, k0 + j)))
-                            x = mod_score(md, dot(Qs + r * S, Ks + j * S, E), slope, tq, k0 + j);
-                        s[c] = x;
-                        mt = nan_max(mt, x);
-                    }
-                    mt = warp_max(mt);
-                    float mn = nan_max(m[i], mt);
-                    if (mn == -INFINITY) continue; /* no key kept yet: nothing to add (warp-uniform) */
-                    float alpha = m[i] == -INFINITY ? 0.0f : expf(m[i] - mn);
-                    float ps = 0.0f;
-#pragma unroll
-                    for (int c = 0; c < KPL; c++) {
-                        float p = s[c] == -INFINITY ? 0.0f : expf(s[c] - mn);
-                        Pw[lane + 32 * c] = p;
-                        ps += p;
-                    }
-                    ps = warp_sum(ps);
-                    l[i] = l[i] * alpha + ps;
-                    m[i] = mn;
-                    __syncwarp();
-#pragma unroll
-                    for (int c = 0; c < EC; c++) {
-                        int e = lane + 32 * c;
-                        if (e < E) {
-                            float a = acc[i][c] * alpha;
-                            for (int j = 0; j < nk; j++) a += Pw[j] * Vs[j * S + e];
-                            acc[i][c] = a;
-                        }
-                    }
-                    __syncwarp();
-                }
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < RW; i++) {
-            int r = warp * RW + i;
-            if (r >= nq) continue;
-            int64_t tq = q0 + r;
-            int64_t base = ((b * d.T + tq) * d.H + h) * d.E;
-            float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f; /* no key kept: out = 0 */
-#pragma unroll
-            for (int c = 0; c < EC; c++) {
-                int e = lane + 32 * c;
-                if (e < E) st_elem(out, base + e, acc[i][c] * inv);
-            }
-            if (lane == 0) lse[(b * d.H + h) * d.T + tq] = l[i] > 0.0f ? m[i] + logf(l[i]) : -INFINITY;
-        }
-    }
+    flex_fwd_body<T, EC, BR, Mods>(sm, q, k, v, out, lse, d, mk, md);
 }
 
-/* ---- backward --------------------------------------------------------------------------------- */
+template <typename T, int EC, int BR>
+__global__ void __launch_bounds__(FX_THREADS)
+    k_flex_dq(const T *q, const T *k, const T *v, const T *dout, const float *lse, const float *D, T *dq,
+              Dims d, Mask mk, Mods md)
+{
+    extern __shared__ float sm[];
+    flex_dq_body<T, EC, BR, Mods>(sm, q, k, v, dout, lse, D, dq, d, mk, md, PGrad{NULL, 0, 0});
+}
+
+template <typename T, int EC, int BR>
+__global__ void __launch_bounds__(FX_THREADS)
+    k_flex_dkv(const T *q, const T *k, const T *v, const T *dout, const float *lse, const float *D, T *dk,
+               T *dv, Dims d, Mask mk, Mods md)
+{
+    extern __shared__ float sm[];
+    flex_dkv_body<T, EC, BR, Mods>(sm, q, k, v, dout, lse, D, dk, dv, d, mk, md);
+}
 
 /* D[b, h, t] = sum_e dout[b, t, h, e] * out[b, t, h, e]: one warp per row. */
 template <typename T>
@@ -277,223 +95,7 @@ __global__ void __launch_bounds__(FX_THREADS) k_flex_rowdot(float *D, const T *d
     }
 }
 
-/* A row's lse as the backward uses it: a row with no kept key (-inf) becomes +inf, so every
- * exp(s - lse) is 0. */
-__device__ __forceinline__ float bwd_lse(float x)
-{
-    return x == -INFINITY ? INFINITY : x;
-}
-
-template <typename T, int EC, int BR>
-__global__ void __launch_bounds__(FX_THREADS)
-    k_flex_dq(const T *q, const T *k, const T *v, const T *dout, const float *lse, const float *D, T *dq,
-              Dims d, Mask mk, Mods md)
-{
-    constexpr int RW = BR / FX_WARPS, KPL = BR / 32;
-    extern __shared__ float sm[];
-    const int E = (int)d.E, S = E | 1;
-    float *Qs = sm, *Os = Qs + BR * S, *Ks = Os + BR * S, *Vs = Ks + BR * S, *Ps = Vs + BR * S;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float *Pw = Ps + warp * BR;
-    const int64_t nqt = (d.T + BR - 1) / BR, units = nqt * d.B * d.H;
-    for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
-        int64_t qt = nqt - 1 - u % nqt, bh = u / nqt, b = bh / d.H, h = bh % d.H, hk = h / d.G;
-        int64_t q0 = qt * BR;
-        int nq = (int)(d.T - q0 < BR ? d.T - q0 : BR);
-        float slope = md.score == CT_FLEX_SCORE_ALIBI ? md.slopes[h] : 0.0f;
-        __syncthreads();
-        load_tile<T, BR>(Qs, S, q, b, q0, nq, h, d.H, d, d.scale);
-        load_tile<T, BR>(Os, S, dout, b, q0, nq, h, d.H, d, 1.0f);
-        float acc[RW][EC], Lr[RW], Dr[RW];
-#pragma unroll
-        for (int i = 0; i < RW; i++) {
-            int r = warp * RW + i;
-            int64_t row = (b * d.H + h) * d.T + q0 + (r < nq ? r : 0);
-            Lr[i] = bwd_lse(lse[row]);
-            Dr[i] = D[row];
-#pragma unroll
-            for (int c = 0; c < EC; c++) acc[i][c] = 0.0f;
-        }
-        BList bl = row_list(mk, b, h, q0 / mk.bs);
-        bool partial = false;
-        int64_t kb;
-        while ((kb = next_block(bl, &partial)) >= 0) {
-            int64_t kend = (kb + 1) * mk.bs < d.T ? (kb + 1) * mk.bs : d.T;
-            for (int64_t k0 = kb * mk.bs; k0 < kend; k0 += BR) {
-                int nk = (int)(kend - k0 < BR ? kend - k0 : BR);
-                int kind = partial ? tile_kind(md, q0, nq, k0, nk) : 2; /* block-uniform */
-                if (kind == 0) continue;
-                bool per_pair = kind == 1;
-                __syncthreads();
-                load_tile<T, BR>(Ks, S, k, b, k0, nk, hk, d.Hk, d, 1.0f);
-                load_tile<T, BR>(Vs, S, v, b, k0, nk, hk, d.Hk, d, 1.0f);
-                __syncthreads();
-#pragma unroll
-                for (int i = 0; i < RW; i++) {
-                    int r = warp * RW + i;
-                    if (r >= nq) continue; /* warp-uniform */
-                    int64_t tq = q0 + r;
-#pragma unroll
-                    for (int c = 0; c < KPL; c++) {
-                        int j = lane + 32 * c;
-                        float ds = 0.0f;
-                        if (j < nk && (!per_pair || keep_pair(md, b, tq, k0 + j))) {
-                            float raw = dot(Qs + r * S, Ks + j * S, E);
-                            float p = expf(mod_score(md, raw, slope, tq, k0 + j) - Lr[i]);
-                            float dp = dot(Os + r * S, Vs + j * S, E);
-                            ds = p * (dp - Dr[i]);
-                            if (md.score == CT_FLEX_SCORE_SOFTCAP) ds = __fmul_rn(ds, mod_grad(md, raw));
-                        }
-                        Pw[j] = ds;
-                    }
-                    __syncwarp();
-#pragma unroll
-                    for (int c = 0; c < EC; c++) {
-                        int e = lane + 32 * c;
-                        if (e < E) {
-                            float a = acc[i][c];
-                            for (int j = 0; j < nk; j++) a += Pw[j] * Ks[j * S + e];
-                            acc[i][c] = a;
-                        }
-                    }
-                    __syncwarp();
-                }
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < RW; i++) {
-            int r = warp * RW + i;
-            if (r >= nq) continue;
-            int64_t base = ((b * d.T + q0 + r) * d.H + h) * d.E;
-#pragma unroll
-            for (int c = 0; c < EC; c++) {
-                int e = lane + 32 * c;
-                if (e < E) st_elem(dq, base + e, acc[i][c] * d.scale);
-            }
-        }
-    }
-}
-
-template <typename T, int EC, int BR>
-__global__ void __launch_bounds__(FX_THREADS)
-    k_flex_dkv(const T *q, const T *k, const T *v, const T *dout, const float *lse, const float *D, T *dk,
-               T *dv, Dims d, Mask mk, Mods md)
-{
-    constexpr int RW = BR / FX_WARPS, KPL = BR / 32;
-    extern __shared__ float sm[];
-    const int E = (int)d.E, S = E | 1;
-    float *Ks = sm, *Vs = Ks + BR * S, *Qs = Vs + BR * S, *Os = Qs + BR * S;
-    float *Ls = Os + BR * S, *Dsm = Ls + BR, *Pall = Dsm + BR, *Sall = Pall + FX_WARPS * BR;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float *Pw = Pall + warp * BR, *Sw = Sall + warp * BR;
-    const int64_t nt = (d.T + BR - 1) / BR, units = nt * d.B * d.Hk;
-    for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
-        int64_t kt = u % nt, bh = u / nt, b = bh / d.Hk, hk = bh % d.Hk;
-        int64_t k0 = kt * BR, kb = k0 / mk.bs;
-        int nk = (int)(d.T - k0 < BR ? d.T - k0 : BR);
-        __syncthreads();
-        load_tile<T, BR>(Ks, S, k, b, k0, nk, hk, d.Hk, d, 1.0f);
-        load_tile<T, BR>(Vs, S, v, b, k0, nk, hk, d.Hk, d, 1.0f);
-        float gk[RW][EC], gv[RW][EC];
-#pragma unroll
-        for (int i = 0; i < RW; i++)
-#pragma unroll
-            for (int c = 0; c < EC; c++) gk[i][c] = gv[i][c] = 0.0f;
-        for (int64_t h = hk * d.G; h < (hk + 1) * d.G; h++) {
-            float slope = md.score == CT_FLEX_SCORE_ALIBI ? md.slopes[h] : 0.0f;
-            BList bl = col_list(mk, b, h, kb);
-            bool partial = false;
-            int64_t qb;
-            while ((qb = next_block(bl, &partial)) >= 0) {
-                int64_t qend = (qb + 1) * mk.bs < d.T ? (qb + 1) * mk.bs : d.T;
-                for (int64_t q0 = qb * mk.bs; q0 < qend; q0 += BR) {
-                    int nq = (int)(qend - q0 < BR ? qend - q0 : BR);
-                    int kind = partial ? tile_kind(md, q0, nq, k0, nk) : 2; /* block-uniform */
-                    if (kind == 0) continue;
-                    bool per_pair = kind == 1;
-                    __syncthreads();
-                    load_tile<T, BR>(Qs, S, q, b, q0, nq, h, d.H, d, d.scale);
-                    load_tile<T, BR>(Os, S, dout, b, q0, nq, h, d.H, d, 1.0f);
-                    for (int r = threadIdx.x; r < BR; r += blockDim.x) {
-                        int64_t row = (b * d.H + h) * d.T + q0 + r;
-                        Ls[r] = r < nq ? bwd_lse(lse[row]) : INFINITY;
-                        Dsm[r] = r < nq ? D[row] : 0.0f;
-                    }
-                    __syncthreads();
-#pragma unroll
-                    for (int i = 0; i < RW; i++) {
-                        int jr = warp * RW + i;
-                        if (jr >= nk) continue; /* warp-uniform */
-                        int64_t tk = k0 + jr;
-#pragma unroll
-                        for (int c = 0; c < KPL; c++) {
-                            int qi = lane + 32 * c;
-                            float p = 0.0f, ds = 0.0f;
-                            if (qi < nq && (!per_pair || keep_pair(md, b, q0 + qi, tk))) {
-                                float raw = dot(Qs + qi * S, Ks + jr * S, E);
-                                p = expf(mod_score(md, raw, slope, q0 + qi, tk) - Ls[qi]);
-                                float dp = dot(Os + qi * S, Vs + jr * S, E);
-                                ds = p * (dp - Dsm[qi]);
-                                if (md.score == CT_FLEX_SCORE_SOFTCAP) ds = __fmul_rn(ds, mod_grad(md, raw));
-                            }
-                            Pw[qi] = p;
-                            Sw[qi] = ds;
-                        }
-                        __syncwarp();
-#pragma unroll
-                        for (int c = 0; c < EC; c++) {
-                            int e = lane + 32 * c;
-                            if (e < E) {
-                                float a = gv[i][c], g = gk[i][c];
-                                for (int qi = 0; qi < nq; qi++) {
-                                    a += Pw[qi] * Os[qi * S + e];
-                                    g += Sw[qi] * Qs[qi * S + e]; /* Qs holds scale * q */
-                                }
-                                gv[i][c] = a;
-                                gk[i][c] = g;
-                            }
-                        }
-                        __syncwarp();
-                    }
-                }
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < RW; i++) {
-            int jr = warp * RW + i;
-            if (jr >= nk) continue;
-            int64_t base = ((b * d.T + k0 + jr) * d.Hk + hk) * d.E;
-#pragma unroll
-            for (int c = 0; c < EC; c++) {
-                int e = lane + 32 * c;
-                if (e < E) {
-                    if (dk) st_elem(dk, base + e, gk[i][c]);
-                    if (dv) st_elem(dv, base + e, gv[i][c]);
-                }
-            }
-        }
-    }
-}
-
 /* ---- host side ---------------------------------------------------------------------------------- */
-
-size_t smem_fwd(int64_t E, int64_t BR)
-{
-    return (size_t)(3 * BR * (E | 1) + FX_WARPS * BR) * sizeof(float);
-}
-size_t smem_dq(int64_t E, int64_t BR)
-{
-    return (size_t)(4 * BR * (E | 1) + FX_WARPS * BR) * sizeof(float);
-}
-size_t smem_dkv(int64_t E, int64_t BR)
-{
-    return (size_t)(4 * BR * (E | 1) + 2 * BR + 2 * FX_WARPS * BR) * sizeof(float);
-}
-
-unsigned unit_grid(int64_t units)
-{
-    return (unsigned)(units < 1 ? 1 : units > 0x7fffffff ? 0x7fffffff : units);
-}
 
 /* Dynamic shared memory beyond 48 KiB needs the kernel's opt-in. */
 template <typename K>
@@ -502,12 +104,6 @@ int allow_smem(K kernel, size_t bytes, const char *what)
     return ctcu_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
                       what);
 }
-
-struct Setup {
-    Dims d;
-    Mask mk;
-    Mods md;
-};
 
 template <typename T, int EC, int BR>
 int fwd_launch(ct_backend *b, const ct_flex_args *a, const Setup &s)
@@ -555,8 +151,6 @@ int flex_setup(const char *slot, const ct_flex_args *fa, Setup *s)
     if (!fa) return ctcu_fail(CT_EINVAL, "%s: arguments must not be NULL", slot);
     const ct_attn_args *a = &fa->attn;
     const ct_flex_mods *m = &fa->mods;
-    if (m->compiled)
-        return ctcu_fail(CT_EUNSUPPORTED, "%s on cuda: compiled (jit) mods are not on the GPU yet", slot);
     if (a->mask) return ctcu_fail(CT_EINVAL, "%s: attn.mask must be NULL (the block mask masks)", slot);
     if (!fa->block_mask) return ctcu_fail(CT_EINVAL, "%s: block_mask must not be NULL", slot);
     if (a->dtype != CT_DTYPE_F32 && a->dtype != CT_DTYPE_BF16)
@@ -615,6 +209,7 @@ int flex_setup(const char *slot, const ct_flex_args *fa, Setup *s)
     }
     s->md = {m->mask,  m->window, m->prefix, a->T, m->doc_batch, m->q_doc, m->kv_doc ? m->kv_doc : m->q_doc,
              (int)m->score, m->softcap, m->alibi_slopes};
+    if (m->compiled) return ctcu_flex_jit_check(slot, fa);
     return 0;
 }
 
@@ -636,6 +231,7 @@ int bwd_dispatch(ct_backend *b, const ct_flex_args *a, const ct_attn_grads *g, c
     k_flex_rowdot<T><<<grid, FX_THREADS, 0, ctcu_stream(b)>>>(D, (const T *)g->dout, (const T *)a->attn.out, s.d);
     int rc = ctcu_launched("flex_bwd: rowsum(dout * out)");
     if (rc) return rc;
+    if (a->mods.compiled) return ctcu_flex_jit_bwd(b, a, g, s, D);
     if (s.d.E <= 32) return bwd_launch<T, 1, 64>(b, a, g, s, D);
     if (s.d.E <= 64) return bwd_launch<T, 2, 64>(b, a, g, s, D);
     if (s.d.E <= 128) return bwd_launch<T, 4, 64>(b, a, g, s, D);
@@ -652,6 +248,7 @@ extern "C" int ctcu_flex_fwd(ct_backend *b, const ct_flex_args *a)
     static_assert(64 % FX_WARPS == 0 && 32 % FX_WARPS == 0, "tile rows per warp");
     if (!a->attn.q || !a->attn.k || !a->attn.v || !a->attn.out || !a->attn.lse)
         return ctcu_fail(CT_EINVAL, "flex_fwd: q, k, v, out and lse must not be NULL");
+    if (a->mods.compiled) return ctcu_flex_jit_fwd(b, a, s);
     return a->attn.dtype == CT_DTYPE_BF16 ? fwd_dispatch<uint16_t>(b, a, s) : fwd_dispatch<float>(b, a, s);
 }
 
@@ -671,7 +268,8 @@ extern "C" int ctcu_flex_bwd(ct_backend *b, const ct_flex_args *a, const ct_attn
             return rc;
         return 0;
     }
-    if (!g->dq && !g->dk && !g->dv) return 0;
+    bool pgrad = a->mods.compiled && a->mods.compiled->param_grad;
+    if (!g->dq && !g->dk && !g->dv && !pgrad) return 0;
     if (!g->dout || !at->q || !at->k || !at->v || !at->out || !at->lse)
         return ctcu_fail(CT_EINVAL, "flex_bwd: q, k, v, out, lse and dout must not be NULL");
     void *D = NULL;

@@ -13,7 +13,10 @@
  *   cuda_optim.cu        adamw, sumsq
  *   cuda_loss.cu         ce fwd/bwd, fused linear + cross-entropy
  *   cuda_attn.cu         dense causal sdpa fwd/bwd
- *   cuda_flex.cu         flex fwd/bwd (block masks, built-in mods; see the block below)
+ *   cuda_flex.cu         flex fwd/bwd (block masks, built-in mods; see the block below);
+ *                        kernels in cuda_flex_kernels.cuh
+ *   cuda_flex_jit.cu     flex_jit_identity / _build / _load / _unload, compiled mods' launches
+ *                        (NVRTC and the module text: cuda_flex_nvrtc.cpp, cuda_flex_jit.h)
  */
 #ifndef CT_CUDA_INTERNAL_CUH
 #define CT_CUDA_INTERNAL_CUH
@@ -109,6 +112,12 @@ extern "C" {
 #endif
 int ctcu_flex_fwd(ct_backend *b, const ct_flex_args *a);
 int ctcu_flex_bwd(ct_backend *b, const ct_flex_args *a, const ct_attn_grads *g);
+/* compiled (jit) mods (cuda_flex_jit.cu) */
+int ctcu_flex_jit_identity(ct_backend *b, char *out, size_t cap);
+int ctcu_flex_jit_build(ct_backend *b, const char *source, ct_dtype dtype, int64_t E, void **image,
+                        size_t *len);
+int ctcu_flex_jit_load(ct_backend *b, const void *image, size_t len, void **module);
+void ctcu_flex_jit_unload(ct_backend *b, void *module);
 #ifdef __cplusplus
 }
 #endif

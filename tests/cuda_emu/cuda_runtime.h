@@ -302,4 +302,33 @@ template <typename K> inline cudaError_t cudaFuncSetAttribute(K kernel, enum cud
     return emu_set_max_dyn_smem((const void *)kernel, v);
 }
 
+/* ---- run-time compiled modules (tests/cuda_emu/emu_rtc.cpp) ----------------------------------
+ * The emulated device's stand-in for NVRTC + the library API, used by cuda_flex_jit.cu under
+ * CT_CUDA_EMULATED: emu_rtc_compile compiles a module's text (a compiled-mods module for the
+ * emulated device: src/cuda/cuda_flex_jit.h) with the host C++ compiler found at configure time
+ * into a shared object linked against this library (the emulator's symbols resolve to the
+ * running one); the image is that object's bytes. cudaLibraryLoadData writes it to an
+ * anonymous file (memfd) and dlopens it; cudaLibraryGetKernel finds the entry point and its
+ * launcher "<name>__launch", which cudaLaunchKernel calls with the launch's configuration and
+ * argument array (the emulator's launch machinery then runs it like any kernel).
+ * cudaFuncSetAttribute on a kernel handle sets the entry point's shared-memory opt-in. */
+typedef struct emu_library *cudaLibrary_t;
+typedef struct emu_kernel_handle *cudaKernel_t;
+enum cudaJitOption { cudaJitMaxRegisters = 0 };
+enum cudaLibraryOption { cudaLibraryHostUniversalFunctionAndDataTable = 0 };
+
+/* 0, or -1 with the reason (the compiler's first output lines) in msg. *image malloc()ed. */
+int emu_rtc_compile(const char *text, void **image, size_t *len, char *msg, size_t cap);
+/* The compiler command line emu_rtc_compile runs (for messages and identities). */
+const char *emu_rtc_compiler(void);
+cudaError_t cudaLibraryLoadData(cudaLibrary_t *lib, const void *code, enum cudaJitOption *jo, void **jv,
+                                unsigned njo, enum cudaLibraryOption *lo, void **lv, unsigned nlo);
+cudaError_t cudaLibraryGetKernel(cudaKernel_t *k, cudaLibrary_t lib, const char *name);
+cudaError_t cudaLibraryUnload(cudaLibrary_t lib);
+/* func: a cudaKernel_t of cudaLibraryGetKernel (the only kind launched this way here). */
+cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t smem,
+                             cudaStream_t stream);
+/* The key of a kernel for its shared-memory opt-in: a module's entry point for its handle. */
+const void *emu_rtc_kernel_key(const void *kernel);
+
 #endif

@@ -501,6 +501,7 @@ void emu_bad_argument(const char *name, int index, const void *p)
 
 cudaError_t emu_set_max_dyn_smem(const void *kernel, int bytes)
 {
+    kernel = emu_rtc_kernel_key(kernel);
     if (bytes < 0 || bytes > DYN_SMEM_OPTIN_MAX)
         return launch_error(cudaErrorInvalidValue,
                             "cudaFuncSetAttribute: %d bytes of dynamic shared memory (the device's opt-in "
