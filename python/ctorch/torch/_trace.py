@@ -54,8 +54,8 @@ class _Tracer:
         c = self._by_id.get(id(t))
         if c is not None:
             return c
-        if t.device.type != "cpu":
-            raise TraceError(f"captured tensor on device {t.device} (mods read CPU tensors)")
+        if t.device.type not in ("cpu", "cuda"):
+            raise TraceError(f"captured tensor on device {t.device} (mods read CPU or CUDA tensors)")
         if t.dtype not in _CT_DTYPE:
             raise TraceError(f"captured tensor of dtype {t.dtype} (need float32, int32, int64, bool "
                              "or uint8)")
@@ -425,7 +425,7 @@ def _bindings(captures, grad_base=None):
             b.data = grad_base + 4 * off
             off += t.numel()
         else:
-            tc = t.contiguous()
+            tc = t.cpu().contiguous()  # compiling and range checks read host values (CUDA: a copy)
             keep.append(tc)
             b.data = tc.data_ptr()
     return arr, keep
@@ -495,7 +495,7 @@ def compile_score_mod(fn):
             return c
 
         def check_sizes(self, B, H, L, S):
-            pc = None if self.param is None else self.param.detach().to(torch.float32).contiguous()
+            pc = None if self.param is None else self.param.detach().to("cpu", torch.float32).contiguous()
             c = self._c(None if pc is None else pc.data_ptr(), None)
             try:
                 st = lib.ct_jit_check_score(ctypes.byref(c), *_sizes(B, H, L, S))

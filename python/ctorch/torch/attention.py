@@ -88,6 +88,15 @@ lib.ct_flex_attention_backward.argtypes = ([_P(_Tensor)] * 6 + [_P(_BlockMask), 
 
 _DT = {torch.float32: 0, torch.bfloat16: 3}
 
+# Flex attention on device memory (include/ctorch/device.h): CUDA tensors.
+lib.ct_device_block_mask_upload.argtypes = [_vp, _P(_BlockMask), _P(_vp)]
+lib.ct_device_block_mask_free.argtypes = [_vp]
+lib.ct_device_block_mask_free.restype = None
+lib.ct_device_flex_attention_forward.argtypes = ([_vp] + [_P(_Tensor)] * 3 + [_vp, _P(_FlexOptions)]
+                                                 + [_P(_Tensor)] * 2)
+lib.ct_device_flex_attention_backward.argtypes = ([_vp] + [_P(_Tensor)] * 6 + [_vp, _P(_FlexOptions)]
+                                                  + [_P(_Tensor)] * 3)
+
 
 def _tensor(t):
     """A ct_tensor view of a CPU torch tensor (no copy; its strides are kept)."""
@@ -98,6 +107,20 @@ def _tensor(t):
     c = _Tensor()
     c.data = t.data_ptr()
     c.dtype = _DT[t.dtype]
+    c.ndim = t.dim()
+    for i, (n, s) in enumerate(zip(t.shape, t.stride())):
+        c.shape[i], c.strides[i] = n, s
+    return ctypes.byref(c), c
+
+
+def _dtensor(t):
+    """A ct_tensor view of a CUDA torch tensor: its device pointer and strides (buffer NULL: a
+    device pointer from elsewhere, as ct_device_flex_attention_* take)."""
+    if t is None:
+        return None
+    c = _Tensor()
+    c.data = t.data_ptr()
+    c.dtype = _DT[t.dtype] if t.dtype in _DT else 0
     c.ndim = t.dim()
     for i, (n, s) in enumerate(zip(t.shape, t.stride())):
         c.shape[i], c.strides[i] = n, s
@@ -211,7 +234,7 @@ class mask_mods:
             raise ValueError("doc_ids and kv_doc_ids must have the same batch dim")
         nb, lq, lk = qd.shape[0], qd.shape[1], kd.shape[1]
         qf, kf = qd, kd  # the reference compares the ids as given
-        qd, kd = _int32_ids(qd, kd)
+        qd, kd = _int32_ids(qd.cpu(), kd.cpu())  # C reads host ids (CUDA ids are copied)
 
         def fn(b, h, q, kv):
             bb = torch.as_tensor(b) if nb > 1 else torch.zeros((), dtype=torch.long)
@@ -289,8 +312,33 @@ class BlockMask:
         self._ptr = ptr
         self.mask_mod = mask_mod
         self._keep = keep
+        self._dev = {}  # CUDA index -> its device copy (ct_device_block_mask_upload), made once
+
+    def _on_device(self, d, index):
+        """The device copy for ctorch device d (cuda:index): uploaded on first use."""
+        h = self._dev.get(index)
+        if h is None:
+            h = _vp()
+            check(lib.ct_device_block_mask_upload(d, self._ptr, ctypes.byref(h)))
+            self._dev[index] = h
+        return h
+
+    def to(self, device):
+        """PyTorch's BlockMask.to: the mask stays built on the host; a CUDA device gets its
+        copy now (flex_attention on CUDA tensors would make it on first use)."""
+        dev = torch.device(device)
+        if dev.type == "cuda":
+            index = dev.index if dev.index is not None else torch.cuda.current_device()
+            self._on_device(_ctorch_cuda(f"BlockMask.to(cuda:{index})", index), index)
+        elif dev.type != "cpu":
+            raise ValueError(f"BlockMask.to: ctorch block masks live on the CPU or CUDA, not {dev}")
+        return self
 
     def __del__(self):
+        for h in getattr(self, "_dev", {}).values():
+            if lib is not None:
+                lib.ct_device_block_mask_free(h)
+        self._dev = {}
         p = getattr(self, "_ptr", None)
         if p and lib is not None:
             lib.ct_block_mask_free(p)
@@ -400,7 +448,9 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, BLOCK_SIZE=128, device="cpu
     kernel (docs/compile.md: O(blocks) too, IndexError when an index can leave a captured
     tensor); one that cannot be traced is called once per block on index tensors (q_idx [n, 1],
     kv_idx [1, m], b and h 0-dim), with a warning, and its partial blocks are stored, so
-    attention never calls back into Python."""
+    attention never calls back into Python. device: "cpu" (default), or a CUDA device: the
+    mask is still built on the host and its copy for that GPU made now (once; flex_attention
+    on CUDA tensors uses it)."""
     if isinstance(BLOCK_SIZE, (tuple, list)):
         if len(set(BLOCK_SIZE)) != 1:
             raise ValueError("ctorch block masks use square blocks: BLOCK_SIZE must be one number")
@@ -435,6 +485,8 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, BLOCK_SIZE=128, device="cpu
     bm._made_for = (1 if B is None else int(B), 1 if H is None else int(H), int(Q_LEN), int(KV_LEN))
     if errors:
         raise errors[0]
+    if device is not None and torch.device(device).type != "cpu":
+        bm.to(device)  # built on the host; its device copy made (once) for that GPU
     return bm
 
 
@@ -529,7 +581,7 @@ class _FlexAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, param, block_mask, score_mod, scale):
         work = q.dtype
-        pc = None if param is None else param.detach().to(torch.float32).contiguous()
+        pc = None if param is None else param.detach().to("cpu", torch.float32).contiguous()
         B, Hq, L, _ = q.shape
         out = torch.empty(B, Hq, L, v.shape[-1], dtype=work)
         lse = torch.empty(B, Hq, L, dtype=torch.float32)
@@ -546,7 +598,7 @@ class _FlexAttention(torch.autograd.Function):
             if sm is not None:
                 lib.ct_score_mod_free(ctypes.byref(sm))
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.extra = (pc, block_mask, score_mod, scale, None if param is None else param.dtype)
+        ctx.extra = (pc, block_mask, score_mod, scale, None if param is None else (param.dtype, param.device))
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -575,18 +627,138 @@ class _FlexAttention(torch.autograd.Function):
             if sm is not None:
                 lib.ct_score_mod_free(ctypes.byref(sm))
         if dparam is not None:
-            dparam = dparam.to(pdt)
+            dparam = dparam.to(pdt[1], pdt[0])
         return dq, dk, dv, dparam, None, None, None
+
+
+# ---- flex_attention on CUDA tensors (ct_device_flex_attention_*, docs/cuda.md) -----------------
+
+def _ctorch_cuda(what, index):
+    """ctorch's device cuda:index (opened once per process); without ctorch's CUDA backend
+    (libctorch_cuda.so) or a usable GPU, a CtorchError saying so."""
+    from .._lib import CtorchError
+    from .loss import _cuda_device
+    try:
+        return _cuda_device(index)
+    except CtorchError as e:
+        why = str(e)
+        why = why[len(e.status) + 2:] if why.startswith(f"{e.status}: ") else why
+        raise CtorchError(e.status, f"{what} needs ctorch's CUDA backend "
+                                    f"(libctorch_cuda.so, docs/cuda.md): {why}") from None
+
+
+def _blhe(x, dtype):
+    """x [B, H, L, E] as a view of contiguous [B, L, H, E] memory (the GPU's layout; no copy
+    when x already is one)."""
+    return x.to(dtype).transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def _empty_blhe(B, H, L, E, dtype, dev):
+    return torch.empty(B, L, H, E, dtype=dtype, device=dev).transpose(1, 2)
+
+
+class _FlexAttentionCuda(torch.autograd.Function):
+    """flex_attention on CUDA tensors through ct_device_flex_attention_forward / _backward:
+    inputs in [B, L, H, E] memory, the block mask's device copy cached on the BlockMask, the
+    score mod's parameters on the host (compiled mods upload what they read), their gradient
+    returned on the parameter's device. PyTorch's current stream is synchronised before each
+    call and ctorch's stream after it (as linear_cross_entropy on CUDA tensors)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, param, block_mask, score_mod, scale, index):
+        dev = q.device
+        d = _ctorch_cuda("flex_attention on CUDA tensors", index)
+        B, Hq, L, E = q.shape
+        out = _empty_blhe(B, Hq, L, v.shape[-1], q.dtype, dev)
+        lse = torch.empty(B, Hq, L, dtype=torch.float32, device=dev)
+        h = block_mask._on_device(d, index) if block_mask is not None else None
+        pc = None if param is None else param.detach().to("cpu", torch.float32).contiguous()
+        o = lib.ct_flex_options_default()
+        o.scale = scale
+        sm = _run_score_mod(score_mod, pc, None)
+        try:
+            if sm is not None:
+                o.score_mod = ctypes.addressof(sm)
+            torch.cuda.current_stream(dev).synchronize()
+            check(lib.ct_device_flex_attention_forward(d, _dtensor(q)[0], _dtensor(k)[0], _dtensor(v)[0], h,
+                                                       ctypes.byref(o), _dtensor(out)[0], _dtensor(lse)[0]))
+            check(lib.ct_device_sync(d))
+        finally:
+            if sm is not None:
+                lib.ct_score_mod_free(ctypes.byref(sm))
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.extra = (pc, block_mask, score_mod, scale, index,
+                     None if param is None else (param.dtype, param.device))
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        pc, block_mask, score_mod, scale, index, pdt = ctx.extra
+        need = ctx.needs_input_grad
+        dev = q.device
+        d = _ctorch_cuda("flex_attention on CUDA tensors", index)
+        dout = _blhe(dout, q.dtype)
+        B, Hq, L, E = q.shape
+        Hkv, S = k.shape[1], k.shape[2]
+        dq = _empty_blhe(B, Hq, L, E, q.dtype, dev) if need[0] else None
+        dk = _empty_blhe(B, Hkv, S, E, q.dtype, dev) if need[1] else None
+        dv = _empty_blhe(B, Hkv, S, v.shape[-1], q.dtype, dev) if need[2] else None
+        dparam = torch.zeros_like(pc) if (pc is not None and need[3]) else None
+        h = block_mask._on_device(d, index) if block_mask is not None else None
+        o = lib.ct_flex_options_default()
+        o.scale = scale
+        sm = _run_score_mod(score_mod, pc, dparam)
+        try:
+            if sm is not None:
+                o.score_mod = ctypes.addressof(sm)
+            t = [_dtensor(x) for x in (q, k, v, out, lse, dout, dq, dk, dv)]
+            torch.cuda.current_stream(dev).synchronize()
+            check(lib.ct_device_flex_attention_backward(d, *[x[0] for x in t[:6]], h, ctypes.byref(o),
+                                                        *[None if x is None else x[0] for x in t[6:]]))
+            check(lib.ct_device_sync(d))
+        finally:
+            if sm is not None:
+                lib.ct_score_mod_free(ctypes.byref(sm))
+        if dparam is not None:
+            dparam = dparam.to(pdt[1], pdt[0])
+        return dq, dk, dv, dparam, None, None, None, None
+
+
+def _flex_cuda(query, key, value, score_mod, block_mask, scale):
+    """flex_attention's CUDA branch (checks done by flex_attention): (out, lse)."""
+    fn = "flex_attention"
+    dev = query.device
+    for name, t in (("key", key), ("value", value)):
+        if t.device != dev:
+            C.fail(RuntimeError, fn, f"Expected all tensors to be on the same device, but {name} is on "
+                                     f"{t.device} and query on {dev}")
+    if score_mod is not None and score_mod.param is not None and score_mod.param.device.type not in ("cpu", "cuda"):
+        C.fail(RuntimeError, fn, f"score_mod's captured tensors are on {score_mod.param.device}")
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    _ctorch_cuda("flex_attention on CUDA tensors", index)  # without the CUDA backend: refused before any work
+    dt = query.dtype
+    work = dt if dt in (torch.float32, torch.bfloat16) and key.dtype == dt and value.dtype == dt \
+        else torch.float32
+    q, k, v = (_blhe(x, work) for x in (query, key, value))
+    s = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    param = score_mod.param if score_mod is not None else None
+    return _FlexAttentionCuda.apply(q, k, v, param, block_mask, score_mod, s, index)
 
 
 def check_flex_inputs(fn, query, key, value, block_mask=None):
     """The checks every attention entry point shares (flex_attention; compiled mods call it
-    too): tensors on the CPU of a floating dtype (integers fail as the softmax of PyTorch's
+    too): tensors on the CPU (or CUDA, for flex_attention) of a floating dtype (integers fail as the softmax of PyTorch's
     reference does), and a block mask made for these queries: its B and H 1 or equal to
     query's (broadcasting, else RuntimeError as PyTorch's attention over the dense mask), its
     Q_LEN / KV_LEN equal to L and S (else ValueError, as PyTorch 2.13's flex_attention)."""
     for name, t in (("query", query), ("key", key), ("value", value)):
-        C.floating(fn, name, t)
+        if isinstance(t, torch.Tensor) and t.device.type == "cuda":  # flex_attention on CUDA tensors
+            if not t.is_floating_point():
+                C.floating(fn, name, torch.empty(0, dtype=t.dtype))  # the CPU's message
+        else:
+            C.floating(fn, name, t)
     if block_mask is None or not isinstance(block_mask, BlockMask) or query.dim() != 4 or key.dim() != 4:
         return
     B, H, L, S = query.shape[0], query.shape[1], query.shape[2], key.shape[2]
@@ -636,12 +808,15 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     if block_mask is not None and not isinstance(block_mask, BlockMask):
         raise TypeError("flex_attention: block_mask must come from ctorch.torch.create_block_mask")
     dt = query.dtype
-    work = dt if dt in (torch.float32, torch.bfloat16) and key.dtype == dt and value.dtype == dt \
-        else torch.float32
-    q, k, v = (x.to(work).contiguous() for x in (query, key, value))
-    s = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
-    param = score_mod.param if score_mod is not None else None
-    out, lse = _FlexAttention.apply(q, k, v, param, block_mask, score_mod, s)
+    if query.is_cuda:
+        out, lse = _flex_cuda(query, key, value, score_mod, block_mask, scale)
+    else:
+        work = dt if dt in (torch.float32, torch.bfloat16) and key.dtype == dt and value.dtype == dt \
+            else torch.float32
+        q, k, v = (x.to(work).contiguous() for x in (query, key, value))
+        s = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+        param = score_mod.param if score_mod is not None else None
+        out, lse = _FlexAttention.apply(q, k, v, param, block_mask, score_mod, s)
     out = out.to(dt)
     if return_aux is not None:
         from torch.nn.attention.flex_attention import AuxOutput
