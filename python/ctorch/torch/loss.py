@@ -195,6 +195,8 @@ lib.ct_device_open.argtypes = [_P(DeviceOptions), _P(ctypes.c_void_p)]
 lib.ct_device_sync.argtypes = [ctypes.c_void_p]
 lib.ct_device_linear_cross_entropy.argtypes = [ctypes.c_void_p, _P(CeOutputs), _P(LceGrads), ctypes.c_float,
                                                _P(LceInputs), _P(CeOptions)]
+lib.ct_device_linear_cross_entropy_ex.argtypes = [ctypes.c_void_p, _P(CeOutputs), _P(LceGrads), ctypes.c_float,
+                                                  ctypes.c_void_p, ctypes.c_uint, _P(LceInputs), _P(CeOptions)]
 _CUDA_DEVICES = {}
 
 
@@ -211,8 +213,12 @@ def _cuda_device(index):
 
 class _LinearCrossEntropyCuda(torch.autograd.Function):
     """The fused pass on the GPU: loss and (for mean / sum) the gradients at once, scaled by
-    grad_output in backward, as the CPU's training path does. The work follows PyTorch's
-    current stream: the stream is synchronised before the call and ctorch's after."""
+    grad_output in backward, as the CPU's training path does. reduction='none' runs the forward
+    alone and, in backward, the fused pass again with grad_output as every row's upstream
+    gradient (ct_device_linear_cross_entropy_ex's grad_rows). bf16 inputs get PyTorch's bf16
+    numerics: the logits' gradient rounded to bf16 for the two gradient GEMMs (docs/cuda.md).
+    The work follows PyTorch's current stream: the stream is synchronised before the call and
+    ctorch's after."""
 
     @staticmethod
     def forward(ctx, h, w, b, target, cw, reduction, ignore_index, label_smoothing, z_loss, softcap,
@@ -227,6 +233,8 @@ class _LinearCrossEntropyCuda(torch.autograd.Function):
         cwc = None if cw is None else cw.to(torch.float32).contiguous()
         N, V = hc.shape[0], wc.shape[0]
         o = _options(reduction, ignore_index, label_smoothing, cwc, z_loss, softcap, scratch_bytes)
+        if not scratch_bytes:
+            o.scratch_bytes = 0  # the device's own budget (CUDA: 1 GiB, docs/cuda.md)
         inp = LceInputs(_p(hc), _p(wc), _p(bc), _DT[work], _p(tc), _DT[tc.dtype], N, D, V)
         shape = (N,) if reduction == "none" else ()
         loss = torch.empty(shape, dtype=torch.float32, device=dev)
@@ -236,11 +244,11 @@ class _LinearCrossEntropyCuda(torch.autograd.Function):
         need = ctx.needs_input_grad
         grads = None
         dh = dw = db = None
-        if need[0] or need[1] or need[2]:
-            if reduction == "none":
-                C.fail(NotImplementedError, "linear_cross_entropy",
-                       "reduction='none' with gradients on CUDA tensors is not implemented (use 'mean' or "
-                       "'sum', or CPU tensors)")
+        ctx.rows = None
+        if reduction == "none" and (need[0] or need[1] or need[2]):
+            # the gradients wait for grad_output (one upstream gradient per row): backward
+            ctx.rows = (hc, wc, bc, tc, cwc, o, inp, need[2] and b is not None)
+        elif need[0] or need[1] or need[2]:
             dh = torch.empty(N, D, dtype=torch.float32, device=dev) if need[0] else None
             dw = torch.empty(V, D, dtype=torch.float32, device=dev) if need[1] else None
             db = torch.empty(V, dtype=torch.float32, device=dev) if (need[2] and b is not None) else None
@@ -258,11 +266,38 @@ class _LinearCrossEntropyCuda(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, grad_z):
         lead, D, hdt, wdt, bdt = ctx.meta
+        if ctx.rows is not None:
+            return _LinearCrossEntropyCuda._backward_rows(ctx, grad_loss)
         dh, dw, db = ctx.saved_tensors
         g = grad_loss.to(torch.float32)
         dh = (dh * g).reshape(*lead, D).to(hdt) if dh is not None else None
         dw = (dw * g).to(wdt) if dw is not None else None
         db = (db * g).to(bdt) if db is not None else None
+        return dh, dw, db, None, None, None, None, None, None, None, None
+
+    @staticmethod
+    def _backward_rows(ctx, grad_loss):
+        """reduction='none': the fused pass once more, row n's loss weighted by grad_loss[n]."""
+        lead, D, hdt, wdt, bdt = ctx.meta
+        hc, wc, bc, tc, cwc, o, inp, want_db = ctx.rows
+        need = ctx.needs_input_grad
+        dev = hc.device
+        N, V = inp.N, inp.V
+        rows = grad_loss.reshape(-1).to(torch.float32).contiguous()
+        dh = torch.empty(N, D, dtype=torch.float32, device=dev) if need[0] else None
+        dw = torch.empty(V, D, dtype=torch.float32, device=dev) if need[1] else None
+        db = torch.empty(V, dtype=torch.float32, device=dev) if want_db else None
+        loss = torch.empty(N, dtype=torch.float32, device=dev)  # the pass writes the losses again
+        outs = CeOutputs(_p(loss), None, None)
+        grads = LceGrads(_p(dh), _p(dw), _p(db), False)
+        d = _cuda_device(dev.index if dev.index is not None else torch.cuda.current_device())
+        torch.cuda.current_stream(dev).synchronize()
+        check(lib.ct_device_linear_cross_entropy_ex(d, ctypes.byref(outs), ctypes.byref(grads), 1.0, _p(rows), 0,
+                                                    ctypes.byref(inp), ctypes.byref(o)))
+        check(lib.ct_device_sync(d))
+        dh = dh.reshape(*lead, D).to(hdt) if dh is not None else None
+        dw = dw.to(wdt) if dw is not None else None
+        db = db.to(bdt) if db is not None else None
         return dh, dw, db, None, None, None, None, None, None, None, None
 
 
