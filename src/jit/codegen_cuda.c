@@ -97,40 +97,40 @@ static void fconst(cbuf *b, float f)
  * exact hex literals. */
 static void helpers(cbuf *b)
 {
-    text(b, "static __device__ __forceinline__ int64_t ctj_ix(int64_t i, int64_t n)\n"
+    text(b, "__device__ __forceinline__ int64_t ctj_ix(int64_t i, int64_t n)\n"
            "{\n    return i < 0 ? 0 : i >= n ? n - 1 : i;\n}\n"
-           "static __device__ __forceinline__ int64_t ctj_iadd(int64_t a, int64_t b)\n"
+           "__device__ __forceinline__ int64_t ctj_iadd(int64_t a, int64_t b)\n"
            "{\n    return (int64_t)((unsigned long long)a + (unsigned long long)b);\n}\n"
-           "static __device__ __forceinline__ int64_t ctj_isub(int64_t a, int64_t b)\n"
+           "__device__ __forceinline__ int64_t ctj_isub(int64_t a, int64_t b)\n"
            "{\n    return (int64_t)((unsigned long long)a - (unsigned long long)b);\n}\n"
-           "static __device__ __forceinline__ int64_t ctj_imul(int64_t a, int64_t b)\n"
+           "__device__ __forceinline__ int64_t ctj_imul(int64_t a, int64_t b)\n"
            "{\n    return (int64_t)((unsigned long long)a * (unsigned long long)b);\n}\n"
-           "static __device__ __forceinline__ int64_t ctj_ineg(int64_t a)\n"
+           "__device__ __forceinline__ int64_t ctj_ineg(int64_t a)\n"
            "{\n    return (int64_t)(0ull - (unsigned long long)a);\n}\n"
-           "static __device__ __forceinline__ int64_t ctj_fdiv(int64_t a, int64_t b)\n"
+           "__device__ __forceinline__ int64_t ctj_fdiv(int64_t a, int64_t b)\n"
            "{\n"
            "    if (b == 0) return 0;\n"
            "    if (b == -1) return ctj_ineg(a);\n"
            "    int64_t q = a / b;\n"
            "    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;\n"
            "}\n"
-           "static __device__ __forceinline__ int64_t ctj_fmod(int64_t a, int64_t b)\n"
+           "__device__ __forceinline__ int64_t ctj_fmod(int64_t a, int64_t b)\n"
            "{\n"
            "    if (b == 0 || b == -1) return 0;\n"
            "    int64_t r = a % b;\n"
            "    return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;\n"
            "}\n"
-           "static __device__ __forceinline__ float ctj_fmodf(float a, float b)\n"
+           "__device__ __forceinline__ float ctj_fmodf(float a, float b)\n"
            "{\n"
            "    float r = fmodf(a, b);\n"
            "    return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? __fadd_rn(r, b) : r;\n"
            "}\n"
-           "static __device__ __forceinline__ int64_t ctj_f2i(float x)\n"
+           "__device__ __forceinline__ int64_t ctj_f2i(float x)\n"
            "{\n    return x > -9.2e18f && x < 9.2e18f ? (int64_t)x : 0;\n}\n");
     /* exp: Cody-Waite reduction, degree-7 polynomial, 2^n from two exponent fields */
     float c7 = 1.0f / 5040.0f, c6 = 1.0f / 720.0f, c5 = 1.0f / 120.0f, c4 = 1.0f / 24.0f,
           c3 = 1.0f / 6.0f;
-    text(b, "static __device__ __forceinline__ float ctj_exp(float x)\n"
+    text(b, "__device__ __forceinline__ float ctj_exp(float x)\n"
            "{\n"
            "    float xc = x < -87.33654f ? -87.33654f : x > 88.72283f ? 88.72283f : x;\n"
            "    float n = rintf(__fmul_rn(xc, 1.44269504088896341f));\n"
@@ -153,7 +153,7 @@ static void helpers(cbuf *b)
            "    return x != x ? x : res;\n"
            "}\n");
     float t9 = 62.0f / 2835.0f, t7 = 17.0f / 315.0f, t5 = 2.0f / 15.0f, t3 = 1.0f / 3.0f;
-    text(b, "static __device__ __forceinline__ float ctj_tanh(float y)\n"
+    text(b, "__device__ __forceinline__ float ctj_tanh(float y)\n"
            "{\n"
            "    float ay = fabsf(y), y2 = __fmul_rn(y, y);\n");
     put(b, "    float p = %af;\n", (double)t9);

@@ -8,12 +8,16 @@
  * compared element by element over a grid of (b, h, q, kv) with the CPU kernels of the same
  * mods (ct_mask_mod.tile, ct_score_mod.fwd / .grad with param_grad, per element): equal bits.
  * (Both sides run on this CPU with glibc's logf; on a GPU, logf is the device's, within 1 ulp:
- * the one function the generated source does not write out.) */
+ * the one function the generated source does not write out.) The same sources, with a kernel
+ * calling each function, are compiled to CUBIN for sm_90a and sm_80 by NVRTC (the test stack's:
+ * .venv's nvidia-cuda-nvrtc through CT_NVRTC_VENV, or CTORCH_NVRTC_LIB): it must load and
+ * compile them without a warning. */
 #include "test_util.h"
 
 #include "jit/jit_internal.h"
 
 #include <dlfcn.h>
+#include <glob.h>
 #include <stdint.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -319,6 +323,99 @@ static int run_cxx(const char *dir, const char *cpp, const char *so)
     return 0;
 }
 
+/* ---- NVRTC ------------------------------------------------------------------------------ */
+
+typedef int (*nv_create_fn)(void **prog, const char *src, const char *name, int nh, const char *const *h,
+                            const char *const *hn);
+typedef int (*nv_compile_fn)(void *prog, int n, const char *const *opts);
+typedef int (*nv_size_fn)(void *prog, size_t *n);
+typedef int (*nv_get_fn)(void *prog, char *out);
+typedef int (*nv_destroy_fn)(void **prog);
+
+static const char *g_nvrtc_prelude =
+    "typedef int int32_t;\n"
+    "typedef long long int64_t;\n"
+    "typedef unsigned char uint8_t;\n"
+    "typedef unsigned short uint16_t;\n"
+    "#define INFINITY __int_as_float(0x7f800000)\n"
+    "#define NAN __int_as_float(0x7fffffff)\n"
+    "struct ctj_arr { const void *data; int64_t shape[4], stride[4], numel, gofs; };\n";
+
+/* Load NVRTC (CTORCH_NVRTC_LIB, else .venv's under CT_NVRTC_VENV) with its builtins library. */
+static void *load_nvrtc(void)
+{
+    char path[4096] = "";
+    const char *env = getenv("CTORCH_NVRTC_LIB");
+    if (env && *env) snprintf(path, sizeof path, "%s", env);
+    const char *venv = getenv("CT_NVRTC_VENV");
+    if (!path[0] && venv && *venv) {
+        char pat[4096];
+        snprintf(pat, sizeof pat, "%s/lib/python*/site-packages/nvidia/cu13/lib/libnvrtc.so.13", venv);
+        glob_t g;
+        if (glob(pat, 0, NULL, &g) == 0 && g.gl_pathc > 0) snprintf(path, sizeof path, "%s", g.gl_pathv[0]);
+        globfree(&g);
+    }
+    if (!path[0]) {
+        fprintf(stderr, "NVRTC: neither CTORCH_NVRTC_LIB nor an NVRTC under CT_NVRTC_VENV (%s; "
+                        "scripts/setup.sh --python installs nvidia-cuda-nvrtc there)\n", venv ? venv : "unset");
+        return NULL;
+    }
+    /* NVRTC opens its builtins by name: load them from the same directory first */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) {
+        *slash = '\0';
+        char pat[4200];
+        snprintf(pat, sizeof pat, "%s/libnvrtc-builtins.so.*", dir);
+        glob_t g;
+        if (glob(pat, 0, NULL, &g) == 0)
+            for (size_t i = 0; i < g.gl_pathc; i++)
+                if (!strstr(g.gl_pathv[i], ".alt.")) dlopen(g.gl_pathv[i], RTLD_NOW | RTLD_GLOBAL);
+        globfree(&g);
+    }
+    void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!dl) fprintf(stderr, "NVRTC: cannot load %s: %s\n", path, dlerror());
+    return dl;
+}
+
+/* Compile text to CUBIN for arch ("sm_90a"); 0 and no warning in the log, else 1. */
+static int nvrtc_compile(void *dl, const char *text, const char *arch)
+{
+    nv_create_fn create;
+    nv_compile_fn compile;
+    nv_size_fn logsize, cubinsize;
+    nv_get_fn getlog;
+    nv_destroy_fn destroy;
+    *(void **)&create = dlsym(dl, "nvrtcCreateProgram");
+    *(void **)&compile = dlsym(dl, "nvrtcCompileProgram");
+    *(void **)&logsize = dlsym(dl, "nvrtcGetProgramLogSize");
+    *(void **)&getlog = dlsym(dl, "nvrtcGetProgramLog");
+    *(void **)&cubinsize = dlsym(dl, "nvrtcGetCUBINSize");
+    *(void **)&destroy = dlsym(dl, "nvrtcDestroyProgram");
+    if (!create || !compile || !logsize || !getlog || !cubinsize || !destroy) {
+        fprintf(stderr, "NVRTC: missing entry points\n");
+        return 1;
+    }
+    void *prog = NULL;
+    if (create(&prog, text, "mods.cu", 0, NULL, NULL) != 0) return 1;
+    char opt[64];
+    snprintf(opt, sizeof opt, "--gpu-architecture=%s", arch);
+    const char *opts[] = {opt, "-std=c++17"};
+    int rc = compile(prog, 2, opts);
+    size_t ln = 0, cn = 0;
+    logsize(prog, &ln);
+    char *log = calloc(ln + 1, 1);
+    if (log) getlog(prog, log);
+    cubinsize(prog, &cn);
+    int bad = rc != 0 || cn == 0 || (log && (strstr(log, "warning") || strstr(log, "error")));
+    if (bad) fprintf(stderr, "NVRTC %s: status %d, CUBIN %zu bytes, log:\n%.3000s\n", arch, rc, cn, log ? log : "");
+    else printf("NVRTC %s: the generated sources compile (CUBIN %zu bytes)\n", arch, cn);
+    free(log);
+    destroy(&prog);
+    return bad;
+}
+
 int main(void)
 {
     if (!CT_TEST_CXX[0]) {
@@ -370,6 +467,11 @@ int main(void)
     CHECK(f != NULL);
     if (!f) return t_failures;
     fputs(g_prelude, f);
+    size_t ncap = 1 << 20, nlen = 0;
+    char *nv = malloc(ncap);
+    CHECK(nv != NULL);
+    if (!nv) return t_failures;
+    nlen = (size_t)snprintf(nv, ncap, "%s", g_nvrtc_prelude);
     for (int i = 0; i < NPAIR; i++) {
         pair *p = &g_pairs[i];
         const ctj_arr *ma = NULL, *sa = NULL;
@@ -388,6 +490,27 @@ int main(void)
         CHECK(!strstr(p->src, "#include"));
         fprintf(f, "\n#undef CTJ_MASK\n#undef CTJ_SCORE\n#undef CTJ_NPG\nnamespace t%d {\n%s}\n", i,
                 p->src);
+        size_t need = nlen + strlen(p->src) + 1024;
+        if (need > ncap) {
+            while (need > ncap) ncap *= 2;
+            char *bigger = realloc(nv, ncap);
+            CHECK(bigger != NULL);
+            if (!bigger) return t_failures;
+            nv = bigger;
+        }
+        nlen += (size_t)snprintf(nv + nlen, ncap - nlen,
+                                 "\n#undef CTJ_MASK\n#undef CTJ_SCORE\n#undef CTJ_NPG\nnamespace t%d {\n%s}\n"
+                                 "extern \"C\" __global__ void k%d(const ctj_arr *A, float *o, int64_t *pi, "
+                                 "float *pv)\n{\n    int64_t q = threadIdx.x, kv = blockIdx.x;\n",
+                                 i, p->src, i);
+        if (mir) nlen += (size_t)snprintf(nv + nlen, ncap - nlen, "    if (!t%d::ctj_mask(A, 0, 1, q, kv)) return;\n", i);
+        if (sir)
+            nlen += (size_t)snprintf(nv + nlen, ncap - nlen,
+                                     "    o[q] = t%d::ctj_score(A, o[q], 0, 1, q, kv) + "
+                                     "t%d::ctj_score_grad(A, o[q], 0, 1, q, kv, 0.5f, pi, pv);\n",
+                                     i, i);
+        else nlen += (size_t)snprintf(nv + nlen, ncap - nlen, "    o[q] = 1.0f;\n");
+        nlen += (size_t)snprintf(nv + nlen, ncap - nlen, "}\n");
         if (mir)
             fprintf(f, "extern \"C\" int t%d_mask(const ctj_arr *A, int64_t b, int64_t h, int64_t q, "
                        "int64_t kv) { return t%d::ctj_mask(A, b, h, q, kv) && CTJ_MASK; }\n",
@@ -408,6 +531,14 @@ int main(void)
         fprintf(stderr, "(sources kept in %s)\n", dir);
         return t_failures;
     }
+    /* NVRTC, both architectures the CUDA library is built for */
+    void *nvrtc = load_nvrtc();
+    CHECK(nvrtc != NULL);
+    if (nvrtc) {
+        CHECK(nvrtc_compile(nvrtc, nv, "sm_90a") == 0);
+        CHECK(nvrtc_compile(nvrtc, nv, "sm_80") == 0);
+    }
+    free(nv);
     void *dl = dlopen(so, RTLD_NOW | RTLD_LOCAL);
     CHECK(dl != NULL);
     if (!dl) {
