@@ -111,7 +111,9 @@ CT_API ct_status ct_device_linear_cross_entropy(ct_device *d, const ct_ce_output
  *  memory, N floats; reduction CT_REDUCTION_NONE only, CT_EINVAL otherwise) is row n's
  *  upstream gradient (as dloss of ct_linear_cross_entropy_backward); NULL: grad_scale as in
  *  ct_device_linear_cross_entropy. flags: 0 or CT_LCE_F32_GRADS (others: CT_EINVAL).
- *  ct_device_linear_cross_entropy is this call with grad_rows NULL and flags 0. */
+ *  ct_device_linear_cross_entropy is this call with grad_rows NULL and flags 0. Both bound
+ *  the device's scratch by o->scratch_bytes (0: the device's own budget, 1 GiB on CUDA; the
+ *  tiling is described in docs/cuda.md). */
 CT_API ct_status ct_device_linear_cross_entropy_ex(ct_device *d, const ct_ce_outputs *out,
                                                    const ct_lce_grads *grads, float grad_scale,
                                                    const float *grad_rows, unsigned flags,

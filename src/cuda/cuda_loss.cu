@@ -572,8 +572,8 @@ int64_t widest_tile(int64_t N, int64_t D, int64_t V, int64_t nb, const LceNeeds 
  * Then blocks and tiles are evened out (the same count, sizes differing by at most one) and
  * the row strides rounded up to 8 elements when that still fits. false when even
  * LCE_VT_FLOOR columns of one row do not fit. Examples (D = 4096, V = 128256, bf16 G): a
- * 1 GiB budget gives whole rows in blocks of 1366 (N = 8192: 6 blocks; N = 32768: 24), about
- * 1.0 GiB of scratch; 64 MiB gives blocks of 4096 rows and tiles of 2726 columns (47 tiles). */
+ * 1 GiB budget gives whole rows in blocks of 1366 (N = 8192: 6 blocks; N = 32768: 24), 1003 MiB
+ * of scratch; 64 MiB gives blocks of 4096 rows and 48 tiles of 2672 columns (63 MiB). */
 bool lce_tiling(LceTiling *t, int64_t N, int64_t D, int64_t V, const LceNeeds &q, size_t budget)
 {
     int64_t vmin = V < LCE_VT_MIN ? V : LCE_VT_MIN, floor_vt = V < LCE_VT_FLOOR ? V : LCE_VT_FLOOR;
