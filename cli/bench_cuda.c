@@ -709,8 +709,9 @@ static void cb_flex_merge(json_t *flex, json_t *torch)
     const char *ts = json_string_value(json_object_get(torch, "status"));
     json_array_foreach(json_object_get(flex, "rows"), i, row) {
         json_t *t = json_array_get(trows, i);
-        if (t && json_integer_value(json_object_get(t, "L")) == json_integer_value(json_object_get(row, "L")))
-            json_object_set(row, "torch", t);
+        if (t && (json_object_get(t, "error") ||
+                  json_integer_value(json_object_get(t, "L")) == json_integer_value(json_object_get(row, "L"))))
+            json_object_set(row, "torch", t); /* its figures, or the error of the whole row */
         else {
             const char *why = json_string_value(json_object_get(torch, "reason"));
             if (!why) why = json_string_value(json_object_get(torch, "why"));
@@ -919,6 +920,8 @@ static void cb_print_flex(json_t *f)
             cb_print_flex_method(json_integer_value(json_object_get(row, "window")) ? "torch sdpa causal flash (*)"
                                                                                     : "torch sdpa causal flash",
                                  json_object_get(t, "sdpa_causal_flash"), false);
+        } else if (json_object_get(t, "error")) {
+            printf("    PyTorch failed: %s\n", json_string_value(json_object_get(t, "error")));
         } else {
             printf("    PyTorch: %s\n", json_string_value(json_object_get(t, "status")));
         }

@@ -354,6 +354,8 @@ for r in j["flex"]["rows"]:
             print("    error:", m["error"])
     if "status" in t:
         print("  PyTorch:", t["status"])
+    if "error" in t:
+        print("  PyTorch failed:", t["error"])
     for k in ("ctorch_flex", "ctorch_sdpa_causal"):
         m = r.get(k)
         if m is None:
