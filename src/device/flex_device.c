@@ -11,6 +11,7 @@
 #include "attention/attn.h"
 #include "attention/mods_info.h"
 #include "device/device_internal.h"
+#include "ctorch/jit.h"
 #include "jit/jit_internal.h"
 
 #include <math.h>
@@ -23,6 +24,7 @@ struct ct_device_block_mask {
     bool gpu;
     ct_dev_block_mask lists; /* GPU: the uploaded lists */
     ct_flex_mods mods;       /* GPU: the mask part (bits, window, prefix, document ids) */
+    const ct_mask_mod *jit;  /* GPU: the compiled mask mod among the ANDed ones (NULL: none) */
     int32_t *docs;           /* GPU: q ids [doc_rows, L] then kv ids [doc_rows, S] */
     size_t doc_bytes;
     int64_t doc_rows;
@@ -37,6 +39,7 @@ typedef struct mask_map {
     bool band;        /* a plain band was seen */
     int64_t prefix;   /* the prefix LMs' smallest prefix (-1: none) */
     at_mask_info doc; /* kind AT_MOD_DOCUMENT when one was seen */
+    const ct_mask_mod *jit; /* a compiled mask mod (ANDed with the rest) */
 } mask_map;
 
 /* A compiled (jit) mod (src/jit/mod.c recognises its own). */
@@ -93,11 +96,11 @@ static ct_status map_mask(const char *fn, const ct_device *d, const ct_mask_mod 
     case AT_MOD_NOT:
         return no_gpu_mask(fn, d, "ct_mask_mod_not (not_mask)");
     default:
-        if (compiled_mask(m))
-            return ct_error(CT_EUNSUPPORTED,
-                            "%s on %s: the block mask's mask_mod is a compiled (jit) mod: compiled mods "
-                            "do not run on a GPU yet (use the built-in masks, or the CPU)",
-                            fn, ct_device_name(d));
+        if (compiled_mask(m)) { /* its device code runs inside the kernels (src/device/flex_jit.c) */
+            if (mm->jit) return no_gpu_mask(fn, d, "the AND of two compiled masks (compile one expression)");
+            mm->jit = m;
+            return CT_OK;
+        }
         return no_gpu_mask(fn, d, "a callback of your own (a tile function)");
     }
 }
@@ -156,6 +159,7 @@ ct_status ct_device_block_mask_upload(ct_device *d, const ct_block_mask *m, ct_d
     mask_map mm = {.prefix = -1};
     if (s == CT_OK) s = map_mask(fn, d, &m->mask_mod, &mm, 0);
     if (s == CT_OK) s = mask_bits(fn, d, &mm, &h->mods);
+    h->jit = mm.jit;
     if (s == CT_OK && mm.doc.kind == AT_MOD_DOCUMENT) {
         /* the slots read ids[b][q] with rows of L: the host ids' first L (S) columns */
         const at_mask_info *c = &mm.doc;
@@ -272,12 +276,19 @@ typedef struct gcall {
     float scale;
     float *slopes; /* ALiBi [Hq], device (freed by gcall_free) */
     ct_block_mask *dense;   /* mask NULL: an all-pairs block mask (host) */
+    ct_dev_flex_jit *jit;   /* compiled mods' device code and arrays (NULL: none) */
     ct_dev_block_mask dense_dev;
     ct_flex_args fa;
 } gcall;
 
 static void gcall_free(ct_device *d, gcall *g)
 {
+    if (g->jit) {
+        /* the module may be unloaded with the handle's last reference: the kernels first */
+        (void)ct_device_sync(d);
+        ct_dev_flex_jit_free(g->jit);
+        g->jit = NULL;
+    }
     ct_dev_free(d, g->slopes, (size_t)g->Hq * sizeof(float));
     ct_dev_block_mask_free(d, &g->dense_dev);
     ct_block_mask_free(g->dense);
@@ -287,7 +298,7 @@ static void gcall_free(ct_device *d, gcall *g)
 
 static ct_status gpu_setup(const char *fn, ct_device *d, const ct_tensor *q, const ct_tensor *k,
                            const ct_tensor *v, const ct_device_block_mask *mask,
-                           const ct_flex_options *opt, gcall *g)
+                           const ct_flex_options *opt, bool backward, gcall *g)
 {
     memset(g, 0, sizeof *g);
     if (!q || !k || !v) return ct_error(CT_EINVAL, "%s: q, k and v must not be NULL", fn);
@@ -359,9 +370,7 @@ static ct_status gpu_setup(const char *fn, ct_device *d, const ct_tensor *q, con
                             "softcap and ALiBi); compile it as an expression over its table (ctorch/jit.h; "
                             "Python: a traced score_mod) or use the CPU", fn, ct_device_name(d));
         } else if (compiled_score(o.score_mod)) {
-            return ct_error(CT_EUNSUPPORTED,
-                            "%s on %s: the score_mod is a compiled (jit) mod: compiled mods do not run on "
-                            "a GPU yet (use softcap / ALiBi, or the CPU)", fn, ct_device_name(d));
+            /* its device code runs inside the kernels (below) */
         } else {
             return ct_error(CT_EUNSUPPORTED,
                             "%s on %s: the score_mod is a callback of your own (a tile function), which the "
@@ -380,6 +389,16 @@ static ct_status gpu_setup(const char *fn, ct_device *d, const ct_tensor *q, con
             CT_TRY(s);
             md->alibi_slopes = g->slopes;
         }
+    }
+    /* compiled mods: the kernels built with their device code, their arrays uploaded */
+    const ct_score_mod *jsm = o.score_mod && compiled_score(o.score_mod) ? o.score_mod : NULL;
+    const ct_mask_mod *jmm = mask ? mask->jit : NULL;
+    if ((jsm || jmm) && g->B > 0 && g->Hq > 0 && g->L > 0) {
+        if (jmm) CT_TRY(ct_jit_check_mask(jmm, g->B, g->Hq, g->L, g->S)); /* before any build */
+        if (jsm) CT_TRY(ct_jit_check_score(jsm, g->B, g->Hq, g->L, g->S));
+        CT_TRY(ct_dev_flex_jit_create(d, jsm, jmm, g->dt, g->E, &g->jit));
+        CT_TRY(ct_dev_flex_jit_check(g->jit, g->B, g->Hq, g->L, g->S));
+        CT_TRY(ct_dev_flex_jit_bind(g->jit, backward && jsm && jsm->param_grad, md));
     }
     /* the block mask (mask NULL: every pair, as a block mask of full blocks) */
     if (mask) {
@@ -422,7 +441,7 @@ ct_status ct_device_flex_attention_forward(ct_device *d, const ct_tensor *q, con
         return at_forward(fn, q, k, v, mask ? mask->host : NULL, opt, out, lse);
     }
     gcall g;
-    ct_status s = gpu_setup(fn, d, q, k, v, mask, opt, &g);
+    ct_status s = gpu_setup(fn, d, q, k, v, mask, opt, false, &g);
     if (s == CT_OK) s = gpu_tensor(fn, "out", out, (int64_t[]){g.B, g.Hq, g.L, g.E}, 4, g.dt);
     if (s == CT_OK && lse) s = gpu_tensor(fn, "lse", lse, (int64_t[]){g.B, g.Hq, g.L}, 3, CT_DTYPE_F32);
     if (s != CT_OK || g.B == 0 || g.Hq == 0 || g.L == 0) {
@@ -464,7 +483,7 @@ ct_status ct_device_flex_attention_backward(ct_device *d, const ct_tensor *q, co
         return at_backward(fn, q, k, v, out, lse, dout, mask ? mask->host : NULL, opt, dq, dk, dv);
     }
     gcall g;
-    ct_status s = gpu_setup(fn, d, q, k, v, mask, opt, &g);
+    ct_status s = gpu_setup(fn, d, q, k, v, mask, opt, true, &g);
     int64_t qs[4] = {g.B, g.Hq, g.L, g.E}, ks[4] = {g.B, g.Hkv, g.S, g.E};
     if (s == CT_OK) s = gpu_tensor(fn, "out", out, qs, 4, g.dt);
     if (s == CT_OK) {
@@ -489,6 +508,7 @@ ct_status ct_device_flex_attention_backward(ct_device *d, const ct_tensor *q, co
             int rc = ops->flex_bwd(ct_device_backend(d), &g.fa, &gr);
             if (rc) s = ct_dev_result(d, "flex_bwd", rc);
         }
+        if (s == CT_OK && g.jit) s = ct_dev_flex_jit_collect(g.jit); /* into score_mod->param_grad */
     }
     gcall_free(d, &g);
     return s;

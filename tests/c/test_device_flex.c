@@ -22,8 +22,9 @@ typedef struct fcase {
     int64_t B, Hq, Hkv, L, E, bs;
     int mask;  /* 0 none (NULL), 1 causal, 2 causal window, 3 two-sided window, 4 causal AND
                   documents per batch, 5 documents shared, 6 prefix LM, 7 AND(causal window,
-                  prefix LM, noop) */
-    int score; /* 0 none, 1 softcap, 2 ALiBi */
+                  prefix LM, noop), 8 AND(causal, a compiled mask) */
+    int score; /* 0 none, 1 softcap, 2 ALiBi, 3 a compiled score mod over a table with a
+                  gradient */
     int64_t arg;
 } fcase;
 
@@ -40,7 +41,14 @@ static const fcase cases[] = {
     {"alibi causal GQA", 2, 4, 2, 33, 16, 64, 1, 2, 0},
     {"alibi, no mask", 1, 2, 2, 29, 16, 64, 0, 2, 0},
     {"no mask, odd E", 1, 2, 1, 19, 24, 64, 0, 0, 0},
+    {"compiled score with a table, causal GQA", 2, 4, 2, 45, 16, 64, 1, 3, 0},
+    {"compiled mask AND causal", 1, 2, 2, 70, 16, 64, 8, 0, 0},
+    {"compiled mask and score", 1, 2, 1, 40, 8, 64, 8, 3, 0},
 };
+
+/* The compiled mods' table: tab[h % 2, clamp(q - kv + 8, 0, 16)] is added to the score. */
+static float g_tab[2 * 17];
+#define TAB_LEN (2 * 17)
 
 /* ---- host data ---------------------------------------------------------------------------- */
 
@@ -99,12 +107,22 @@ static ct_status mods_make(const fcase *c, mods *m)
         CT_TRY(ct_mask_mod_noop(&m->kids[m->nkids++]));
         m->combined = m->any = true;
         break;
+    case 8:
+        CT_TRY(ct_mask_mod_causal(&m->kids[m->nkids++]));
+        CT_TRY(ct_mask_mod_compile("(q + 2 * kv) % 5 != 2 || q == kv", NULL, 0, NULL, &m->kids[m->nkids++]));
+        m->combined = m->any = true;
+        break;
     }
     if (m->combined) CT_TRY(ct_mask_mod_and(m->kids, m->nkids, &m->all));
     if (c->score == 1) CT_TRY(ct_score_mod_softcap(2.5f, &m->sm));
     if (c->score == 2) {
         float sl[2] = {0.5f, 0.125f}; /* 2 slopes over Hq heads: h % 2 */
         CT_TRY(ct_score_mod_alibi(2, sl, &m->sm));
+    }
+    if (c->score == 3) {
+        for (int i = 0; i < TAB_LEN; i++) g_tab[i] = 0.05f * (float)((i * 7) % 11) - 0.25f;
+        ct_jit_binding tb = {"tab", CT_DTYPE_F32, 2, {2, 17}, g_tab, true};
+        CT_TRY(ct_score_mod_compile("score + tab[h % 2, clamp(q - kv + 8, 0, 16)]", &tb, 1, NULL, &m->sm));
     }
     m->has_sm = c->score != 0;
     return CT_OK;
@@ -197,7 +215,21 @@ static ct_status lse_make(ct_device *d, int64_t B, int64_t H, int64_t L, dten *o
 
 typedef struct result {
     float *out, *lse, *dq, *dk, *dv; /* f32 values, [B, H, L, E] / [B, H, L] */
+    float pg[TAB_LEN];               /* the score mod's parameter gradient (compiled: the table's) */
 } result;
+
+/* fo with its score mod's parameter gradient going to r->pg (zeroed). */
+static ct_flex_options with_pg(const ct_flex_options *fo, ct_score_mod *copy, result *r)
+{
+    ct_flex_options o = *fo;
+    memset(r->pg, 0, sizeof r->pg);
+    if (fo->score_mod && fo->score_mod->param_len > 0 && fo->score_mod->param_len <= TAB_LEN) {
+        *copy = *fo->score_mod;
+        copy->param_grad = r->pg;
+        o.score_mod = copy;
+    }
+    return o;
+}
 
 static void result_free(result *r)
 {
@@ -235,8 +267,10 @@ static ct_status oracle(const fcase *c, ct_dtype dt, const float *q, const float
     ct_tensor_wrap(&tl, r->lse, CT_DTYPE_F32, 3, ls, NULL), ct_tensor_wrap(&td, hd, dt, 4, qs, NULL);
     ct_tensor_wrap(&tdq, gq, dt, 4, qs, NULL), ct_tensor_wrap(&tdk, gk, dt, 4, ks, NULL);
     ct_tensor_wrap(&tdv, gv, dt, 4, ks, NULL);
-    ct_status s = ct_flex_attention_forward(&tq, &tk, &tv, bm, fo, &to, &tl);
-    if (s == CT_OK) s = ct_flex_attention_backward(&tq, &tk, &tv, &to, &tl, &td, bm, fo, &tdq, &tdk, &tdv);
+    ct_score_mod smc;
+    ct_flex_options o = with_pg(fo, &smc, r);
+    ct_status s = ct_flex_attention_forward(&tq, &tk, &tv, bm, &o, &to, &tl);
+    if (s == CT_OK) s = ct_flex_attention_backward(&tq, &tk, &tv, &to, &tl, &td, bm, &o, &tdq, &tdk, &tdv);
     from_dtype(r->out, ho, nq, dt), from_dtype(r->dq, gq, nq, dt), from_dtype(r->dk, gk, nk, dt);
     from_dtype(r->dv, gv, nk, dt);
     free(hq), free(hk), free(hv), free(ho), free(hd), free(gq), free(gk), free(gv);
@@ -261,9 +295,11 @@ static ct_status on_device(ct_device *d, const fcase *c, ct_dtype dt, const floa
     if (s == CT_OK) s = dten_make(d, NULL, dt, ks, true, &tdk);
     if (s == CT_OK) s = dten_make(d, NULL, dt, ks, true, &tdv);
     if (s == CT_OK) s = lse_make(d, c->B, c->Hq, c->L, &tl);
-    if (s == CT_OK) s = ct_device_flex_attention_forward(d, &tq.t, &tk.t, &tv.t, mask, fo, &to.t, &tl.t);
+    ct_score_mod smc;
+    ct_flex_options o = with_pg(fo, &smc, r);
+    if (s == CT_OK) s = ct_device_flex_attention_forward(d, &tq.t, &tk.t, &tv.t, mask, &o, &to.t, &tl.t);
     if (s == CT_OK)
-        s = ct_device_flex_attention_backward(d, &tq.t, &tk.t, &tv.t, &to.t, &tl.t, &td.t, mask, fo, &tdq.t,
+        s = ct_device_flex_attention_backward(d, &tq.t, &tk.t, &tv.t, &to.t, &tl.t, &td.t, mask, &o, &tdq.t,
                                               &tdk.t, &tdv.t);
     if (s == CT_OK) s = ct_device_sync(d);
     r->out = malloc(nq * 4), r->lse = malloc(nl * 4), r->dq = malloc(nq * 4), r->dk = malloc(nk * 4),
@@ -315,11 +351,12 @@ static bool result_cmp(const fcase *c, const result *a, const result *b, bool bi
 {
     size_t nq = (size_t)(c->B * c->Hq * c->L * c->E), nk = (size_t)(c->B * c->Hkv * c->L * c->E);
     size_t nl = (size_t)(c->B * c->Hq * c->L);
-    const float *x[5] = {a->out, a->lse, a->dq, a->dk, a->dv}, *y[5] = {b->out, b->lse, b->dq, b->dk, b->dv};
-    size_t n[5] = {nq, nl, nq, nk, nk};
-    static const char *names[5] = {"out", "lse", "dq", "dk", "dv"};
+    const float *x[6] = {a->out, a->lse, a->dq, a->dk, a->dv, a->pg};
+    const float *y[6] = {b->out, b->lse, b->dq, b->dk, b->dv, b->pg};
+    size_t n[6] = {nq, nl, nq, nk, nk, TAB_LEN};
+    static const char *names[6] = {"out", "lse", "dq", "dk", "dv", "param_grad"};
     bool ok = true;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         char w[240];
         snprintf(w, sizeof w, "%.200s %s", what, names[i]);
         bool o = bitwise ? same_bits(x[i], y[i], n[i]) : close_to(x[i], y[i], n[i], i == 1 ? 1e-4 : rtol, w);
@@ -493,14 +530,16 @@ static void bad_input(ct_device *d, bool gpu, ct_device *other)
         EXPECT(ct_device_flex_attention_forward(d, &q.t, &q.t, &q.t, hm, &fo, &o.t, &lse.t), CT_EUNSUPPORTED,
                "callback of your own");
         ct_score_mod_free(&rb);
-        /* a compiled mod: refused by name until compiled mods run on a GPU */
+        /* a compiled mod's indices are range-checked for the call's sizes */
         ct_score_mod jm;
-        ct_status js = ct_score_mod_compile("score * 0.5", NULL, 0, NULL, &jm);
+        float small[4] = {0};
+        ct_jit_binding sb = {"t", CT_DTYPE_F32, 1, {4}, small, false};
+        ct_status js = ct_score_mod_compile("score + t[q]", &sb, 1, NULL, &jm);
         CHECK_OK(js);
         if (js == CT_OK) {
             fo.score_mod = &jm;
-            EXPECT(ct_device_flex_attention_forward(d, &q.t, &q.t, &q.t, hm, &fo, &o.t, &lse.t), CT_EUNSUPPORTED,
-                   "compiled");
+            EXPECT(ct_device_flex_attention_forward(d, &q.t, &q.t, &q.t, hm, &fo, &o.t, &lse.t), CT_EINVAL,
+                   "'t'");
             ct_score_mod_free(&jm);
         }
         /* the lse may be left out; a raw device pointer (no buffer) is taken */
