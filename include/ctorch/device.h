@@ -134,12 +134,14 @@ CT_API ct_status ct_device_linear_cross_entropy_ex(ct_device *d, const ct_ce_out
  *   contiguous [B, L, H, E] tensor), k, v, dk and dv the same over Hkv; lse contiguous;
  * - one dtype (f32 or bf16) for q, k, v, out, dout and the gradients; Ev == E (up to 256);
  *   L == S (else CT_EUNSUPPORTED); block sizes 64 and 128;
- * - the mods the GPU evaluates itself: mask_mods made by ct_mask_mod_causal,
- *   _sliding_window, _prefix_lm, _document, _noop and ct_mask_mod_and of them; score_mods
- *   ct_score_mod_softcap and _alibi. Others (a callback of yours, or, or not,
- *   relative_bias, compiled mods) answer CT_EUNSUPPORTED naming the mod (compile a callback
- *   with ctorch/jit.h to run it on a GPU once compiled mods run there).
- * The work is queued on d's stream (ct_device_sync waits). */
+ * - the mods the GPU evaluates: mask_mods made by ct_mask_mod_causal, _sliding_window,
+ *   _prefix_lm, _document, _noop and ct_mask_mod_and of them with at most one compiled mask
+ *   (ctorch/jit.h); score_mods ct_score_mod_softcap, _alibi and compiled ones (their arrays
+ *   uploaded per call, a table's gradient added into param_grad). Others (a callback of
+ *   yours, or, not, relative_bias) answer CT_EUNSUPPORTED naming the mod: compile it as an
+ *   expression (ctorch/jit.h) to run it on a GPU.
+ * The work is queued on d's stream (ct_device_sync waits; a call with compiled mods waits for
+ * the device itself before it returns). */
 
 /** A block mask made ready for device d: on a GPU its lists (and a document mask's ids)
  *  copied to the device once, to be used by any number of calls. */

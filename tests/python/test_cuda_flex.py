@@ -120,6 +120,45 @@ def test_matches_pytorch_flex_on_the_gpu(name, B, Hq, Hkv, L, E, dtype):
 
 
 @gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_traced_mods_with_captured_cuda_tensors(dtype):
+    """Python score_mod / mask_mod over captured CUDA tensors: traced and compiled (the
+    captures read on the host), run in the GPU kernels; the table's gradient comes back on
+    the GPU, as PyTorch's."""
+    from torch.nn.attention.flex_attention import create_block_mask as torch_bm
+    dev = "cuda"
+    B, Hq, Hkv, L, E = 2, 4, 2, 150, 64
+    g = torch.Generator(device=dev).manual_seed(3)
+    q = torch.randn(B, Hq, L, E, device=dev, generator=g).to(dtype).requires_grad_()
+    k = torch.randn(B, Hkv, L, E, device=dev, generator=g).to(dtype).requires_grad_()
+    v = torch.randn(B, Hkv, L, E, device=dev, generator=g).to(dtype).requires_grad_()
+    table = (0.1 * torch.randn(Hq, 2 * L - 1, device=dev, generator=g)).requires_grad_()
+    ids = _docs(B, L, dev)
+
+    def bias(s, b, h, qi, kv):
+        return s + table[h, qi - kv + L - 1]
+
+    def docs(b, h, qi, kv):
+        return (qi >= kv) & (ids[b, qi] == ids[b, kv])
+
+    bm = ct.create_block_mask(docs, B, None, L, L, device=dev)
+    out = ct.flex_attention(q, k, v, score_mod=bias, block_mask=bm, enable_gqa=True)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    assert table.grad is not None and table.grad.device == table.device
+    got_table = table.grad.clone()
+    table.grad = None
+    qr, kr, vr = (x.detach().float().requires_grad_() for x in (q, k, v))
+    ref = _torch_flex()(qr, kr, vr, score_mod=bias, block_mask=torch_bm(docs, B, None, L, L, device=dev),
+                        enable_gqa=True)
+    ref.backward(dout.float())
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(out.float(), ref, **tol)
+    for got, want in ((q.grad, qr.grad), (k.grad, kr.grad), (v.grad, vr.grad), (got_table, table.grad)):
+        torch.testing.assert_close(got.float(), want, **tol)
+
+
+@gpu
 def test_bitwise_repeatable_and_mask_uploaded_once():
     dev = "cuda"
     B, H, L, E = 2, 4, 190, 64
