@@ -11,7 +11,10 @@ docs/cuda.md "Emulated device (CI)"), against the same runs on the CPU:
   same bits: losses, gradient norms and the checkpoint's bytes;
 - the emulated run's checkpoint resumes on the CPU (20 more steps of a longer schedule, losses
   within 1e-3 of the same resume on the emulated device);
-- greedy `generate --device cuda` gives the ids of `--device cpu --no-cache`.
+- greedy `generate --device cuda` gives the ids of `--device cpu --no-cache`;
+- compiled `--score-mod` / `--mask-mod` (their device code built by the emulated device's
+  run-time compiler, docs/compile.md "On a GPU"): every loss within 1e-3 of the CPU run's, and
+  greedy generation from that run's checkpoint gives the CPU's ids.
 """
 import hashlib
 import json
@@ -140,3 +143,32 @@ def test_generate_on_the_emulated_gpu_gives_the_cpu_ids(tmp_path):
     c = json.loads(run(*common, "--device", "cpu", "--no-cache").stdout)
     assert len(c["new_ids"]) == 24, c
     assert g["new_ids"] == c["new_ids"], (g["new_ids"], c["new_ids"])
+
+
+MODS = ["--score-mod", "score + 0.05 * (kv - q) / (h + 1)", "--mask-mod", "(q - kv) % 4 != 3 || kv < 2"]
+
+
+def test_compiled_mods_on_the_emulated_gpu_match_the_cpu(tmp_path):
+    """The model's compiled mods on the GPU (the mask ANDed with causal and the documents, the
+    score mod replacing the plain score): every training and held-out loss within 1e-3 of the
+    CPU's; then generate --device cuda from that checkpoint gives the ids of the CPU."""
+    cuda, cpu = train(tmp_path / "cuda", "cuda", *MODS), train(tmp_path / "cpu", "cpu", *MODS)
+    g, c = steps_of(cuda), steps_of(cpu)
+    assert sorted(g) == list(range(1, STEPS + 1)) and sorted(c) == sorted(g), (sorted(g), sorted(c))
+    bad = [(s, g[s]["loss"], c[s]["loss"]) for s in g if not close(g[s]["loss"], c[s]["loss"])]
+    assert not bad, f"steps whose loss is not within 1e-3 of the CPU's: {bad}"
+    ge, ce = evals_of(cuda), evals_of(cpu)
+    assert ge and sorted(ge) == sorted(ce), (ge, ce)
+    bad = [(s, ge[s], ce[s]) for s in ge if not close(ge[s], ce[s])]
+    assert not bad, f"held-out losses not within 1e-3 of the CPU's: {bad}"
+    # the mods change the model: the same run without them has other losses
+    plain = steps_of(train(tmp_path / "plain", "cpu"))
+    assert any(not close(plain[s]["loss"], c[s]["loss"], 1e-4) for s in c)
+
+    ckpt = tmp_path / "cuda" / "checkpoint.safetensors"
+    common = ["generate", "--model", ckpt, "--greedy", "--ignore-eos", "--max-new-tokens", 12, "--json",
+              "--prompt-ids", "1 2 3"]
+    gi = json.loads(run(*common, "--device", "cuda").stdout)
+    ci = json.loads(run(*common, "--device", "cpu", "--no-cache").stdout)
+    assert len(ci["new_ids"]) == 12, ci
+    assert gi["new_ids"] == ci["new_ids"], (gi["new_ids"], ci["new_ids"])
