@@ -51,7 +51,7 @@ do_pack() {
   for t in $ctests; do
     grep -q "^$t:" "$BUILD/Makefile" 2>/dev/null && targets="$targets $t"
   done
-  grep -q "ctorch_cuda" "$BUILD/Makefile" 2>/dev/null && targets="$targets ctorch_cuda"
+  grep -q "^ctorch_cuda:" "$BUILD/Makefile" 2>/dev/null && targets="$targets ctorch_cuda"
   cmake --build "$BUILD" -j"$(nproc)" --target $targets
   [ -f "$BUILD/libctorch_cuda.so" ] || die "pack: $BUILD/libctorch_cuda.so was not built (is CTORCH_CUDA on? see cmake's message)"
 
