@@ -841,7 +841,7 @@ static void cb_print_train(json_t *t)
 /* One line of the flex table: a method's forward and forward + backward. */
 static void cb_print_flex_method(const char *who, json_t *m, bool ours)
 {
-    printf("    %-26s", who);
+    printf("    %-28s", who);
     if (!m) {
         printf(" not run\n");
         return;
@@ -908,7 +908,7 @@ static void cb_print_flex(json_t *f)
                    (double)json_integer_value(json_object_get(bm, "device_bytes")) / 1024.0);
         else printf("\n");
         if (json_object_get(row, "error")) printf("    failed: %s\n", json_string_value(json_object_get(row, "error")));
-        printf("    %-26s %11s %11s %11s %8s %7s %9s\n", "", "fwd ms", "fwd+bwd ms", "(det.) ms", "TFLOP/s",
+        printf("    %-28s %11s %11s %11s %8s %7s %9s\n", "", "fwd ms", "fwd+bwd ms", "(det.) ms", "TFLOP/s",
                "x GEMM", "peak MiB");
         cb_print_flex_method("ctorch flex", json_object_get(row, "ctorch_flex"), true);
         if (json_object_get(row, "ctorch_sdpa_causal"))
@@ -926,6 +926,19 @@ static void cb_print_flex(json_t *f)
             printf("    PyTorch: %s\n", json_string_value(json_object_get(t, "status")));
         }
         json_t *me = json_object_get(row, "ctorch_flex");
+        json_t *ro = json_object_get(json_object_get(row, "torch_over_ctorch"), "ctorch_flex");
+        if (json_object_get(ro, "flex_compiled_fwd") || json_object_get(ro, "flex_compiled_fwd_bwd")) {
+            static const char *const keys[3] = {"flex_compiled_fwd", "flex_compiled_fwd_bwd",
+                                                "flex_compiled_fwd_bwd_deterministic"};
+            printf("    PyTorch flex time over ctorch flex time (> 1: ctorch faster):");
+            static const char *const names[3] = {"fwd", "fwd+bwd", "fwd+bwd deterministic"};
+            for (int k = 0; k < 3; k++) {
+                json_t *x = json_object_get(ro, keys[k]);
+                if (x) printf(" %s %.2f%s", names[k], json_real_value(x), k < 2 ? "," : "");
+                else printf(" %s -%s", names[k], k < 2 ? "," : "");
+            }
+            printf("\n");
+        }
         if (json_object_get(me, "bitwise_repeatable"))
             printf("    ctorch flex forward + backward run twice: %s (%s)\n",
                    json_is_true(json_object_get(me, "bitwise_repeatable")) ? "identical bytes" : "BYTES DIFFER",

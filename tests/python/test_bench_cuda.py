@@ -11,9 +11,12 @@ rows' block masks are checked against PyTorch's own create_block_mask of the sam
 (blocks kept, full blocks) and the kept pairs against the dense mask; ctorch's forward +
 backward run twice must give the same bytes. bench/torch_cuda.py's flex rows (flex_attention
 with the same block mask, SDPA with a boolean mask, causal flash SDPA; deterministic algorithms
-off and on) run on the CPU through --flex-on-cpu."""
+off and on) run on the CPU through --flex-on-cpu. With a stand-in for PyTorch's python (canned
+figures as on a GPU, one row failed) the merge is checked: the specs passed, the ratios PyTorch
+time over ctorch time, PyTorch's rate on the same kept blocks, the failed row, the text table."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -125,8 +128,10 @@ def emu_lib():
     return path
 
 
-def emu_bench(*args):
+def emu_bench(*args, python=None):
     env = dict(os.environ, CTORCH_CUDA_LIB=emu_lib())
+    if python:
+        env["CTORCH_PYTHON"] = str(python)
     env.pop("CTORCH_CUDA_EMU_REVERSE", None)
     r = subprocess.run([cli_path(), "bench", "cuda", *args], capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, f"bench cuda {' '.join(args)}: exit {r.returncode}\n{r.stderr}"
@@ -202,13 +207,67 @@ def test_bench_cuda_tiny_on_the_emulated_device():
     check_flex_rows(j)
 
 
-def test_bench_cuda_only_flex_text_on_the_emulated_device():
-    """--only flex: the flex section alone, in the text table too."""
-    out = emu_bench("--tiny", "--only", "flex").stdout
+def fake_pytorch(tmp_path, flex):
+    """A stand-in for the python that runs bench/torch_cuda.py: it records its arguments and
+    answers as the script would on a GPU (status ok) with the given flex rows."""
+    canned = tmp_path / "torch.json"
+    canned.write_text(json.dumps({"status": "ok", "torch_version": "fake", "device": "fake GPU", "flex": flex}))
+    exe = tmp_path / "python"
+    exe.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > '{tmp_path}/args'\ncat '{canned}'\n")
+    exe.chmod(0o755)
+    return exe
+
+
+def test_bench_cuda_flex_rows_merge_pytorch_figures(tmp_path):
+    """--only flex on the emulated device with a stand-in for PyTorch's side: the specs it gets,
+    its figures in the rows, the ratios PyTorch time over ctorch time, PyTorch's flex rate on the
+    same kept blocks, a row PyTorch failed as a whole, and the text table of all that."""
+    def m(f, b, d):
+        return {"op": "x", "fwd": {"median_s": f}, "fwd_bwd": {"median_s": b}, "fwd_bwd_deterministic": d}
+    flex = [{"case": "sliding window 32", "L": 256,
+             "flex_compiled": m(0.001, 0.004, {"median_s": 0.005}),
+             "sdpa_bool_mask": m(0.002, 0.006, {"error": "RuntimeError: no deterministic kernel"}),
+             "sdpa_causal_flash": m(0.0005, 0.002, {"median_s": 0.003})},
+            {"case": "causal", "L": 192, "error": "OutOfMemoryError: fake"}]
+    py = fake_pytorch(tmp_path, flex)
+    j = json.loads(emu_bench("--tiny", "--only", "flex", "--json", python=py).stdout)
+    args = (tmp_path / "args").read_text().splitlines()
+    assert args[0].endswith("torch_cuda.py"), args
+    specs = [args[i + 1] for i, a in enumerate(args) if a == "--flex"]
+    assert specs == ["sliding window 32:1:2:256:32:32:64", "causal:1:2:192:64:0:64"], args
+    assert "--tiny" in args and args[args.index("--sections") + 1] == "none" and "--train" not in args, args
+    w, c = j["flex"]["rows"]
+    assert w["torch"]["sdpa_causal_flash"]["fwd"]["median_s"] == 0.0005, w["torch"]
+    ours = {p: w["ctorch_flex"][p]["median_s"] for p in ("fwd", "fwd_bwd")}
+    r = w["torch_over_ctorch"]["ctorch_flex"]
+    want = {"flex_compiled_fwd": 0.001 / ours["fwd"], "flex_compiled_fwd_bwd": 0.004 / ours["fwd_bwd"],
+            "flex_compiled_fwd_bwd_deterministic": 0.005 / ours["fwd_bwd"],
+            "sdpa_bool_mask_fwd": 0.002 / ours["fwd"], "sdpa_bool_mask_fwd_bwd": 0.006 / ours["fwd_bwd"],
+            "sdpa_causal_flash_fwd": 0.0005 / ours["fwd"], "sdpa_causal_flash_fwd_bwd": 0.002 / ours["fwd_bwd"],
+            "sdpa_causal_flash_fwd_bwd_deterministic": 0.003 / ours["fwd_bwd"]}
+    assert set(r) == set(want), r  # no ratio where PyTorch has no figure
+    for k, v in want.items():
+        assert abs(r[k] - v) <= 1e-5 * v, (k, r[k], v)
+    tf = w["torch"]["flex_compiled"]
+    assert abs(tf["fwd_kept_block_tflops"] - w["kept_block_flops_fwd"] / 0.001 / 1e12) <= 1e-5 * tf["fwd_kept_block_tflops"]
+    gemm = j["flex"]["gemm_bf16"]["tflops"]
+    assert abs(tf["fwd_vs_gemm_bf16"] - tf["fwd_kept_block_tflops"] / gemm) <= 1e-5 * tf["fwd_vs_gemm_bf16"], tf
+    assert c["torch"] == flex[1] and c["torch_over_ctorch"] == {"ctorch_flex": {}, "ctorch_sdpa_causal": {}}, c
+    assert "flex" not in j["torch"], j["torch"]  # moved into the rows
+
+    out = emu_bench("--tiny", "--only", "flex", python=py).stdout
     assert "FlexAttention bf16" in out and "GEMM (median" not in out and "Training step" not in out, out
-    assert out.count("forward + backward run twice: identical bytes") == 3, out  # flex x 2, sdpa causal
-    assert "ctorch sdpa causal" in out and "PyTorch: no cuda" in out and "Fused loss" not in out, out
+    assert "Fused loss" not in out, out
     assert "sliding window 32: B=1 H=2 L=256 E=32, block 64: 14 of 32 blocks kept (0 full)" in out, out
+    assert out.count("forward + backward run twice: identical bytes") == 3, out  # flex x 2, sdpa causal
+    line = next(l for l in out.splitlines() if "torch flex (compiled)" in l)
+    assert line.split()[3:6] == ["1.000", "4.000", "5.000"], line
+    line = next(l for l in out.splitlines() if "torch sdpa bool mask" in l)
+    assert line.split()[4:7] == ["2.000", "6.000", "failed"], line
+    assert "fwd_bwd_deterministic failed: RuntimeError: no deterministic kernel" in out, out
+    assert "torch sdpa causal flash (*)" in out and "PyTorch failed: OutOfMemoryError: fake" in out, out
+    line = next(l for l in out.splitlines() if "PyTorch flex time over ctorch flex time" in l)
+    assert re.search(r"fwd [0-9.]+, fwd\+bwd [0-9.]+, fwd\+bwd deterministic [0-9.]+$", line), line
 
 
 def test_bench_cuda_rejects_bad_sections():
