@@ -25,6 +25,10 @@ allocated before the mask and the inputs. What fails (out of memory, a backend t
 shape or determinism) is the row's "error", never a figure. --flex-on-cpu runs these rows on
 the CPU with flex_attention uncompiled, a check of the script where no GPU is.
 
+$CTORCH_BENCH_DEADLINE (seconds since the epoch; scripts/test-cuda.sh sets it from its time
+budget): past it, training and flex entries not yet started are not run and say so, so that the
+JSON still comes back with what was measured.
+
 --tiny: small GEMM shapes (cli/bench_cuda.c's --tiny); --sections: gemm, loss (comma-separated,
 "none" for neither; default both).
 
@@ -57,6 +61,19 @@ TINY_SHAPES = [
     ("tiny nt", False, True, 64, 72, 40),
     ("tiny tn", True, False, 40, 48, 64),
 ]
+
+
+def past_deadline():
+    """The entry to record instead of running one, past $CTORCH_BENCH_DEADLINE; else None."""
+    import os
+
+    d = os.environ.get("CTORCH_BENCH_DEADLINE")
+    try:
+        if d and time.time() > float(d):
+            return {"error": f"not run: past CTORCH_BENCH_DEADLINE ({d}, the caller's time budget)"}
+    except ValueError:
+        return {"error": f"not run: CTORCH_BENCH_DEADLINE={d!r} is not a number of seconds"}
+    return None
 
 
 def emit(obj):
@@ -228,6 +245,10 @@ def train_cases(torch, dev, specs, repeats):
                 continue
         tensors, meta = loaded[1]
         for mode in modes:
+            late = past_deadline()
+            if late:
+                out.append({"model": name, "batch": batch, "dtype": dtype, "mode": mode, **late})
+                continue
             out.append(train_row(torch, dev, tt, tensors, meta, name, batch, dtype, mode, repeats))
             if mode == "compiled":
                 torch._dynamo.reset()
@@ -305,6 +326,10 @@ def flex_row(torch, dev, name, B, H, L, E, W, bs, repeats, compiled):
 
         for pas, run, det in (("fwd", fwd, False), ("fwd_bwd", fwd_bwd, False),
                               ("fwd_bwd_deterministic", fwd_bwd, True)):
+            r = past_deadline()
+            if r:
+                m[pas] = r
+                continue
             r = {}
             try:
                 torch.use_deterministic_algorithms(det)
