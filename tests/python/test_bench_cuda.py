@@ -309,3 +309,18 @@ def test_torch_cuda_flex_rows_run_on_cpu():
         assert ("not the window" in row["sdpa_causal_flash"]["op"]) == (W > 0), row
     for row in rows[2:]:
         assert "expected NAME:B:H:L:E:WINDOW:BLOCK" in row["error"], row
+
+
+def test_torch_cuda_deadline_records_entries_as_not_run():
+    """Past $CTORCH_BENCH_DEADLINE bench/torch_cuda.py starts no flex pass and says so (the JSON
+    still comes back); a value that is not a number is named."""
+    script = os.path.join(ROOT, "bench", "torch_cuda.py")
+    for value, want in (("1", "not run: past CTORCH_BENCH_DEADLINE (1,"), ("soon", "'soon' is not a number")):
+        r = subprocess.run([sys.executable, script, "--flex-on-cpu", "--repeats", "2", "--flex", "causal:1:1:32:8:0:16"],
+                           capture_output=True, text=True, timeout=600,
+                           env=dict(os.environ, CTORCH_BENCH_DEADLINE=value))
+        assert r.returncode == 0, r.stderr
+        row = json.loads(r.stdout)["flex"][0]
+        for m in ("flex_compiled", "sdpa_bool_mask", "sdpa_causal_flash"):
+            for p in ("fwd", "fwd_bwd", "fwd_bwd_deterministic"):
+                assert want in row[m][p]["error"] and "median_s" not in row[m][p], (m, p, row[m][p])
