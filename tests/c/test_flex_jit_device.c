@@ -9,11 +9,12 @@
  * mask), then _collect: out, lse, dq, dk, dv and the parameter gradients. On the CPU device the
  * results must be those bits; on a GPU within rtol * (|ref| + rms(ref)) (f32 2e-4, bf16 2e-2;
  * lse 1e-4) and three runs the same bits. Then: the module served from this process's table
- * while a handle holds it, from the disk cache after it was released; bad input refused by
- * name; every device byte given back. */
+ * while a handle holds it, from the disk cache after it was released, rebuilt when the cache
+ * entry is damaged; bad input refused by name; every device byte given back. */
 #include "device/device_internal.h"
 #include "test_util.h"
 
+#include <glob.h>
 #include <stdint.h>
 #include <unistd.h>
 
@@ -340,6 +341,34 @@ static void cache(ct_device *d, bool gpu)
         CHECK(c1 + b1 == c0 + b0 + 1);   /* the first handle: loaded from the disk or built */
         CHECK(t1 == t0 + 1);             /* the second: the table */
         CHECK(c2 == c1 + 1 && b2 == b1); /* released, then created again: the disk cache */
+        /* a damaged entry (one byte of every image flipped) is rebuilt, never loaded */
+        glob_t gl;
+        char pat[200];
+        snprintf(pat, sizeof pat, "%s/*.cubin", getenv("CT_CACHE_DIR"));
+        int n = 0;
+        if (glob(pat, 0, NULL, &gl) == 0)
+            for (size_t i = 0; i < gl.gl_pathc; i++) {
+                FILE *f = fopen(gl.gl_pathv[i], "r+b");
+                if (!f) continue;
+                fseek(f, 100, SEEK_SET);
+                int c = fgetc(f);
+                fseek(f, 100, SEEK_SET);
+                fputc(c ^ 0x5a, f);
+                fclose(f);
+                n++;
+            }
+        globfree(&gl);
+        CHECK(n >= 1);
+        int64_t t3, c3, b3;
+        CHECK_OK(ct_dev_flex_jit_create(d, &m.sm, &m.user, CT_DTYPE_F32, E, &a));
+        ct_dev_flex_jit_stats(&t3, &c3, &b3);
+        CHECK(b3 == b2 + 1 && c3 == c2);
+        ct_flex_mods fm;
+        memset(&fm, 0, sizeof fm);
+        CHECK_OK(ct_dev_flex_jit_check(a, B, H, T, T));
+        CHECK_OK(ct_dev_flex_jit_bind(a, false, &fm));
+        CHECK(fm.compiled && fm.compiled->module != NULL && fm.compiled->narr == 4);
+        ct_dev_flex_jit_free(a);
     } else {
         CHECK(t2 == t0 && c2 == c0 && b2 == b0); /* the CPU compiles nothing for a device */
     }
