@@ -164,6 +164,8 @@ typedef struct cb_lce {
     float *loss, *lse, *dh, *dw;
     float *logits, *dlogits; /* unfused: [N, V] f32 */
     uint16_t *dl16;          /* unfused: [N, V] bf16 */
+    size_t scratch;          /* fused: scratch budget (0: the device's, 1 GiB on CUDA) */
+    unsigned flags;          /* fused: CT_LCE_F32_GRADS or 0 */
 } cb_lce;
 
 static ct_status cb_fused_once(ct_device *d, void *arg)
@@ -174,7 +176,8 @@ static ct_status cb_fused_once(ct_device *d, void *arg)
     ct_ce_outputs out = {c->loss, NULL, c->lse};
     ct_lce_grads g = {c->dh, c->dw, NULL, false};
     ct_ce_options o = ct_ce_options_default();
-    CT_DEV(d, lce, &out, &g, 1.0f, NULL, 0, &in, &o);
+    o.scratch_bytes = c->scratch;
+    CT_DEV(d, lce, &out, &g, 1.0f, NULL, c->flags, &in, &o);
     return CT_OK;
 }
 
@@ -252,7 +255,17 @@ static json_t *cb_loss(ct_device *d, int64_t N, int64_t Dm, int64_t V, int repea
     if (st == CT_OK) st = ct_dev_alloc(d, (size_t)(V * Dm) * 4, "dW", (void **)&c.dw);
     if (st == CT_OK) {
         json_t *cases = json_array();
+        /* fused: the device's own scratch budget (whole vocabulary rows, 3 GEMMs per token
+         * block) with the logits' gradient in bf16 (the default); the same under a 64 MiB
+         * budget (vocabulary tiles, 4 GEMMs); and with CT_LCE_F32_GRADS (the CPU's numerics:
+         * f32 gradient GEMMs) */
         json_array_append_new(cases, cb_loss_case(d, "fused", cb_fused_once, &c, repeats));
+        c.scratch = (size_t)64 << 20;
+        json_array_append_new(cases, cb_loss_case(d, "fused-64MiB", cb_fused_once, &c, repeats));
+        c.scratch = 0;
+        c.flags = CT_LCE_F32_GRADS;
+        json_array_append_new(cases, cb_loss_case(d, "fused-f32-grads", cb_fused_once, &c, repeats));
+        c.flags = 0;
         json_array_append_new(cases, cb_loss_case(d, "unfused", cb_unfused_once, &c, repeats));
         json_object_set_new(j, "cases", cases);
     } else {
@@ -998,9 +1011,9 @@ static void cb_print_text(json_t *r)
     if (json_object_get(l, "error")) printf("  failed: %s\n", json_string_value(json_object_get(l, "error")));
     json_array_foreach(json_object_get(l, "cases"), i, g) {
         json_t *e = json_object_get(g, "error");
-        if (e) printf("  %-8s failed: %s\n", json_string_value(json_object_get(g, "case")), json_string_value(e));
+        if (e) printf("  %-16s failed: %s\n", json_string_value(json_object_get(g, "case")), json_string_value(e));
         else
-            printf("  %-8s %9.2f ms  %9.1f MiB above inputs\n", json_string_value(json_object_get(g, "case")),
+            printf("  %-16s %9.2f ms  %9.1f MiB above inputs\n", json_string_value(json_object_get(g, "case")),
                    1e3 * json_real_value(json_object_get(json_object_get(g, "time"), "median_s")),
                    (double)json_integer_value(json_object_get(g, "peak_above_inputs_bytes")) / 1048576.0);
     }

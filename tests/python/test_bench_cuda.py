@@ -46,7 +46,7 @@ def test_bench_cuda_json_parses_with_reason():
     else:
         assert j["status"] == "ok", j
         assert j["gemm"] and all("tflops" in g or "error" in g for g in j["gemm"]), j
-        assert {c["case"] for c in j["loss"]["cases"]} == {"fused", "unfused"}, j
+        assert {c["case"] for c in j["loss"]["cases"]} == {"fused", "fused-64MiB", "fused-f32-grads", "unfused"}, j
         assert "status" in j["torch"], j
         rows = j["train_step"]["rows"]
         # --quick: the default model B=8 and GPT-2-124M B=4, f32 and bf16
