@@ -246,7 +246,14 @@ extern "C" int ctcu_flex_jit_load(ct_backend *b, const void *image, size_t len, 
     free(code);
     if (rc) {
         free(m);
-        return rc == CT_ENOMEM ? rc : ctcu_fail(CT_EFORMAT, "%s", ctcu_last_error());
+        if (rc == CT_ENOMEM) return rc;
+        char why[512];
+        snprintf(why, sizeof why, "%s", ctcu_last_error());
+#ifdef CT_CUDA_EMULATED
+        return ctcu_fail(CT_EFORMAT, "%s (%s)", why, emu_rtc_last_error());
+#else
+        return ctcu_fail(CT_EFORMAT, "%s", why);
+#endif
     }
     if (cudaLibraryGetKernel(&m->fwd, m->lib, "ctj_flex_fwd") != cudaSuccess ||
         cudaLibraryGetKernel(&m->dq, m->lib, "ctj_flex_dq") != cudaSuccess ||

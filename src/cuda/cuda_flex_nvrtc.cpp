@@ -133,7 +133,7 @@ typedef nvrtc_result (*nv_get_fn)(nvrtc_program, char *);
 struct Nvrtc {
     void *lib;
     char from[512];
-    char why[1024];
+    char why[1400];
     nv_err_fn err;
     nv_version_fn version;
     nv_create_fn create;

@@ -269,10 +269,16 @@ static int cpu_sdpa_bwd(ct_backend *b, const ct_attn_args *a, const ct_attn_grad
 
 /* The mods of a flex slot as the library's built-in ct_mask_mod / ct_score_mod, the block
  * mask as a ct_block_mask over the same lists (device memory is host memory here) and the
- * tensors as [B, H, T, E] views of the model's layout. */
+ * tensors as [B, H, T, E] views of the model's layout.
+ * Compiled (jit) mods (mods.compiled): the host mods they were generated from run here, the
+ * mask (compiled->host_mask) ANDed with the built-in bits' masks and the score mod
+ * (compiled->host_score) as the score mod. Their parameter gradients are the host score mod's
+ * business on the CPU: ct_flex_attention_backward adds them into host_score->param_grad (when
+ * the caller set it); compiled->param_grad, the device's vector, is not used here. */
 typedef struct cpu_flex {
-    ct_mask_mod kids[4], all; /* all: kids[0] alone, their AND, or noop */
+    ct_mask_mod kids[5], all; /* all: kids[0] alone, their AND, or noop */
     int nkids;
+    bool borrowed;            /* kids[nkids - 1] is compiled->host_mask (not ours to free) */
     ct_score_mod sm;
     ct_block_mask bm;
     ct_flex_options fo;
@@ -282,7 +288,7 @@ typedef struct cpu_flex {
 static void cpu_flex_free(cpu_flex *f)
 {
     if (f->nkids > 1) ct_mask_mod_free(&f->all);
-    for (int i = 0; i < f->nkids; i++) ct_mask_mod_free(&f->kids[i]);
+    for (int i = 0; i < f->nkids - (f->borrowed ? 1 : 0); i++) ct_mask_mod_free(&f->kids[i]);
     ct_score_mod_free(&f->sm);
 }
 
@@ -301,8 +307,10 @@ static ct_status cpu_flex_setup(const char *fn, const ct_flex_args *fa, cpu_flex
     if (!fa) return ct_error(CT_EINVAL, "%s: arguments must not be NULL", fn);
     const ct_attn_args *a = &fa->attn;
     const ct_flex_mods *md = &fa->mods;
-    if (md->compiled)
-        return ct_error(CT_EUNSUPPORTED, "%s: compiled (jit) mods are not a slot argument yet", fn);
+    const ct_flex_jit *cj = md->compiled;
+    if (cj && cj->host_score && md->score != CT_FLEX_SCORE_NONE)
+        return ct_error(CT_EINVAL, "%s: a compiled score mod replaces the built-in score: mods.score must be NONE",
+                        fn);
     if (a->mask) return ct_error(CT_EINVAL, "%s: attn.mask must be NULL (the block mask masks)", fn);
     if (!fa->block_mask) return ct_error(CT_EINVAL, "%s: block_mask must not be NULL", fn);
     if (a->E < 1) return ct_error(CT_EINVAL, "%s: head dim E must be >= 1, got %lld", fn, (long long)a->E);
@@ -326,8 +334,15 @@ static ct_status cpu_flex_setup(const char *fn, const ct_flex_args *fa, cpu_flex
         CT_TRY(ct_mask_mod_document(md->q_doc, md->kv_doc, md->doc_batch, a->T, a->T,
                                     &f->kids[f->nkids++]));
     }
+    if (cj && cj->host_mask) {
+        f->kids[f->nkids++] = *cj->host_mask;
+        f->borrowed = true;
+    }
     if (f->nkids == 0) CT_TRY(ct_mask_mod_noop(&f->all));
-    else if (f->nkids == 1) f->all = f->kids[0];
+    else if (f->nkids == 1) {
+        f->all = f->kids[0];
+        f->all.destroy = NULL; /* kids[0]'s (or the caller's) */
+    }
     else CT_TRY(ct_mask_mod_and(f->kids, f->nkids, &f->all));
     f->fo = ct_flex_options_default();
     f->fo.scale = a->scale;
@@ -346,6 +361,7 @@ static ct_status cpu_flex_setup(const char *fn, const ct_flex_args *fa, cpu_flex
     default:
         return ct_error(CT_EINVAL, "%s: unknown score mod %d", fn, (int)md->score);
     }
+    if (cj && cj->host_score) f->fo.score_mod = (ct_score_mod *)cj->host_score;
     f->bm = (ct_block_mask){.B = dm->B, .H = dm->H, .q_len = dm->q_len, .kv_len = dm->kv_len,
                             .block_size = dm->block_size, .num_q_blocks = dm->num_q_blocks,
                             .num_kv_blocks = dm->num_kv_blocks, .mask_mod = f->all,

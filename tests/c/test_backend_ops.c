@@ -1196,7 +1196,34 @@ typedef struct flex_ctx {
     const struct ct_flex_jit *compiled;
     const float *q, *k, *v, *out, *lse, *dout;
     const uint16_t *qb, *kb, *vb, *outb, *doutb;
+    /* compiled mods (FJ_*): the sample's bound arrays (host), its host mods (the CPU runs them)
+     * and its module on the GPU (the device's flex_jit_load of the sample's source) */
+    int jit;
+    const float *bias, *w;   /* FJ_RELPOS: bias [H, 129]; FJ_PAIR: w [H] */
+    const int32_t *keepv;    /* FJ_PAIR: keep [T] */
+    ct_score_mod *jsm;       /* NULL: no compiled score mod */
+    const ct_mask_mod *jmm;  /* NULL: no compiled mask mod */
+    void *module;
+    bool no_dq;              /* the backward without dq (param grads still wanted) */
 } flex_ctx;
+
+enum { FJ_NONE, FJ_RELPOS, FJ_MOD3, FJ_PAIR };
+
+/* The param-grad vector's length of a case (0: none). */
+static size_t fj_npg(const flex_ctx *c)
+{
+    return c->jit == FJ_RELPOS ? (size_t)(c->H * 129) : c->jit == FJ_PAIR ? (size_t)c->H : 0;
+}
+
+static void fj_arr(ct_flex_jit_arr *a, const void *data, int64_t d0, int64_t d1, int64_t gofs)
+{
+    memset(a, 0, sizeof *a);
+    a->data = data;
+    a->shape[0] = d0, a->shape[1] = d1 ? d1 : 1;
+    a->stride[0] = d1 ? d1 : 1, a->stride[1] = 1;
+    a->numel = d0 * (d1 ? d1 : 1);
+    a->gofs = gofs;
+}
 
 static ct_status flex_run(const tdev *D, const void *vc, double *res)
 {
@@ -1222,19 +1249,44 @@ static ct_status flex_run(const tdev *D, const void *vc, double *res)
     ct_dev_block_mask dm = {0};
     if (B.st == CT_OK) B.st = ct_dev_block_mask_upload(D->d, c->bm, &dm);
     fa.block_mask = &dm;
-    size_t nout = c->bwd ? nq + 2 * nk : nq + nl;
+    ct_flex_jit jt = {0};
+    size_t npg = c->bwd ? fj_npg(c) : 0;
+    if (c->jit) {
+        jt.host_score = c->jsm, jt.host_mask = c->jmm, jt.module = D->gpu ? c->module : NULL;
+        if (c->jit == FJ_RELPOS) fj_arr(&jt.arr[jt.narr++], tb_new(&B, c->bias, (size_t)(c->H * 129) * 4), c->H, 129, 0);
+        if (c->jit == FJ_PAIR) {
+            fj_arr(&jt.arr[jt.narr++], tb_new(&B, c->keepv, (size_t)c->T * 4), c->T, 0, 0);
+            fj_arr(&jt.arr[jt.narr++], tb_new(&B, c->w, (size_t)c->H * 4), c->H, 0, 0);
+        }
+        if (npg) {
+            float *z = calloc(npg, 4);
+            jt.param_grad = tb_new(&B, z, npg * 4);
+            jt.param_len = (int64_t)npg;
+            free(z);
+        }
+        /* the CPU adds the parameter gradients into its host score mod's vector (device memory
+         * is host memory there) */
+        if (c->jsm) c->jsm->param_grad = D->gpu ? NULL : jt.param_grad;
+        fa.mods.compiled = &jt;
+    }
+    size_t nout = (c->bwd ? nq + 2 * nk : nq + nl) + npg;
     float *h = malloc(nout * 4);
     uint16_t *hb = malloc(nout * 2);
     if (c->bwd) {
         ct_attn_grads g = {.dout = tb_new(&B, bf ? (const void *)c->doutb : c->dout, nq * es)};
-        g.dq = tb_new(&B, NULL, nq * es), g.dk = tb_new(&B, NULL, nk * es), g.dv = tb_new(&B, NULL, nk * es);
+        g.dq = c->no_dq ? NULL : tb_new(&B, NULL, nq * es);
+        g.dk = tb_new(&B, NULL, nk * es), g.dv = tb_new(&B, NULL, nk * es);
         if (B.st == CT_OK) B.st = SLOT(D, flex_bwd, &fa, &g);
+        if (c->no_dq) memset(hb, 0, nq * 2), memset(h, 0, nq * 4); /* not computed: reads as 0 */
         if (bf) {
-            tb_get(&B, hb, g.dq, nq * 2), tb_get(&B, hb + nq, g.dk, nk * 2), tb_get(&B, hb + nq + nk, g.dv, nk * 2);
-            for (size_t i = 0; i < nout; i++) h[i] = bf16_val(hb[i]);
+            if (g.dq) tb_get(&B, hb, g.dq, nq * 2);
+            tb_get(&B, hb + nq, g.dk, nk * 2), tb_get(&B, hb + nq + nk, g.dv, nk * 2);
+            for (size_t i = 0; i < nq + 2 * nk; i++) h[i] = bf16_val(hb[i]);
         } else {
-            tb_get(&B, h, g.dq, nq * 4), tb_get(&B, h + nq, g.dk, nk * 4), tb_get(&B, h + nq + nk, g.dv, nk * 4);
+            if (g.dq) tb_get(&B, h, g.dq, nq * 4);
+            tb_get(&B, h + nq, g.dk, nk * 4), tb_get(&B, h + nq + nk, g.dv, nk * 4);
         }
+        tb_get(&B, h + nq + 2 * nk, jt.param_grad, npg * 4);
     } else {
         if (B.st == CT_OK) B.st = SLOT(D, flex_fwd, &fa);
         if (bf) {
@@ -1246,6 +1298,7 @@ static ct_status flex_run(const tdev *D, const void *vc, double *res)
         tb_get(&B, h + nq, fa.attn.lse, nl * 4);
     }
     if (B.st == CT_OK) f2d(res, h, nout);
+    if (c->jsm) c->jsm->param_grad = NULL;
     free(h), free(hb);
     ct_dev_block_mask_free(D->d, &dm);
     return tb_done(&B);
@@ -1254,6 +1307,8 @@ static ct_status flex_run(const tdev *D, const void *vc, double *res)
 /* The reference's mask and score mod, from the definitions in backend.h / attention.h. */
 static bool fref_keep(const flex_ctx *c, int64_t b, int64_t i, int64_t j)
 {
+    if (c->jit == FJ_MOD3 && !(((i - j) % 3 + 3) % 3 != 0 || i == j)) return false;
+    if (c->jit == FJ_PAIR && !(c->keepv[j] != 0 || i == j)) return false;
     if ((c->bits & CT_FLEX_MASK_CAUSAL) && j > i) return false;
     if ((c->bits & CT_FLEX_MASK_WINDOW) && (i - j > c->window || j - i > c->window)) return false;
     if ((c->bits & CT_FLEX_MASK_PREFIX) && !(j < c->prefix || j <= i)) return false;
@@ -1265,15 +1320,31 @@ static bool fref_keep(const flex_ctx *c, int64_t b, int64_t i, int64_t j)
     return true;
 }
 
+static int64_t fref_relpos(int64_t i, int64_t j)
+{
+    int64_t x = i - j + 64;
+    return x < 0 ? 0 : x > 128 ? 128 : x;
+}
+
 static double fref_mod(const flex_ctx *c, double s, int64_t h, int64_t i, int64_t j)
 {
+    if (c->jit == FJ_RELPOS) return s + c->bias[h * 129 + fref_relpos(i, j)];
+    if (c->jit == FJ_PAIR) return s * c->w[h];
     if (c->score == CT_FLEX_SCORE_SOFTCAP) return c->cap * tanh(s / c->cap);
     if (c->score == CT_FLEX_SCORE_ALIBI) return s + (double)c->slopes[h] * (double)(j - i);
     return s;
 }
 
-static double fref_dmod(const flex_ctx *c, double s)
+/* The parameter gradient of a pair: g = dL / d score_mod(s). */
+static void fref_pgrad(const flex_ctx *c, double *pg, double s, double g, int64_t h, int64_t i, int64_t j)
 {
+    if (c->jit == FJ_RELPOS) pg[h * 129 + fref_relpos(i, j)] += g;
+    if (c->jit == FJ_PAIR) pg[h] += g * s;
+}
+
+static double fref_dmod(const flex_ctx *c, double s, int64_t h)
+{
+    if (c->jit == FJ_PAIR) return c->w[h];
     if (c->score != CT_FLEX_SCORE_SOFTCAP) return 1;
     double t = tanh(s / c->cap);
     return 1 - t * t;
@@ -1281,7 +1352,7 @@ static double fref_dmod(const flex_ctx *c, double s)
 
 /* Flex attention in double over every pair: out [B,T,H,E], lse [B,H,T] (a row with no kept key:
  * out 0, lse -inf); with dq also dq, dk, dv. */
-static void flex_ref(const flex_ctx *c, double *out, double *lse, double *dq, double *dk, double *dv)
+static void flex_ref(const flex_ctx *c, double *out, double *lse, double *dq, double *dk, double *dv, double *pg)
 {
     int64_t T = c->T, H = c->H, Hk = c->Hk, E = c->E, G = H / Hk;
     double *p = malloc((size_t)T * sizeof *p), *dp = malloc((size_t)T * sizeof *dp), *raw = malloc((size_t)T * sizeof *raw);
@@ -1332,7 +1403,9 @@ static void flex_ref(const flex_ctx *c, double *out, double *lse, double *dq, do
                 }
                 for (int64_t j = 0; j < T; j++) {
                     if (!kp[j]) continue;
-                    double ds = p[j] * (dp[j] - dsum) * fref_dmod(c, raw[j]) * c->scale;
+                    double g = p[j] * (dp[j] - dsum);
+                    double ds = g * fref_dmod(c, raw[j], h) * c->scale;
+                    if (pg) fref_pgrad(c, pg, raw[j], g, h, i, j);
                     for (int64_t e = 0; e < E; e++) {
                         dq[QI(b, i, h) + e] += ds * c->k[KI(b, j, hk) + e];
                         dk[KI(b, j, hk) + e] += ds * c->q[QI(b, i, h) + e];
@@ -1470,12 +1543,12 @@ static void test_flex(const tdev *D)
             if (dt) qb = bf16_round(q, nq), kb = bf16_round(k, nk), vb = bf16_round(v, nk), db = bf16_round(dout, nq);
             c.q = q, c.k = k, c.v = v, c.dout = dout, c.qb = qb, c.kb = kb, c.vb = vb, c.doutb = db;
             double *ref = dvec(nq + nl), *gref = dvec(nq + 2 * nk);
-            flex_ref(&c, ref, ref + nq, NULL, NULL, NULL);
+            flex_ref(&c, ref, ref + nq, NULL, NULL, NULL, NULL);
             for (size_t i = 0; i < nq; i++) outf[i] = (float)ref[i];
             for (size_t i = 0; i < nl; i++) lsef[i] = (float)ref[nq + i];
             if (dt) ob = bf16_round(outf, nq);
             c.out = outf, c.lse = lsef, c.outb = ob;
-            flex_ref(&c, NULL, NULL, gref, gref + nq, gref + nq + nk);
+            flex_ref(&c, NULL, NULL, gref, gref + nq, gref + nq + nk, NULL);
             snprintf(what, sizeof what, "flex_fwd %s %s B%lld T%lld H%lld Hk%lld E%lld bs%lld", fc->name,
                      dt ? "bf16" : "f32", (long long)c.Bb, (long long)c.T, (long long)c.H, (long long)c.Hk,
                      (long long)c.E, (long long)c.bs);
@@ -1490,28 +1563,31 @@ static void test_flex(const tdev *D)
             free(qdoc), free(kvdoc);
         }
 
-    /* Refusals: compiled mods on every device (part 2), and on a GPU block sizes other than
-     * 64 / 128, each naming the cause. */
+    /* Refusals on a GPU: compiled mods without their module (CT_EINVAL naming it), block sizes
+     * other than 64 / 128 (CT_EUNSUPPORTED naming it). */
     ct_mask_mod cm;
     ct_block_mask *bm32 = NULL;
     CHECK_OK(ct_mask_mod_causal(&cm));
     CHECK_OK(ct_block_mask_create(&cm, 1, 1, 40, 40, 32, &bm32));
+    ct_block_mask *bmj = NULL;
+    CHECK_OK(ct_block_mask_create(&cm, 1, 1, 40, 40, 64, &bmj));
     float *q = fvec(40 * 8, -1, 1);
     static const ct_flex_jit dummy = {0};
-    for (int kind = 0; kind < 2 && bm32 && q && hf; kind++) {
-        if (kind == 1 && !D->gpu) break;
+    for (int kind = 0; kind < 2 && bm32 && bmj && q && hf && D->gpu; kind++) {
         flex_ctx c = {.Bb = 1, .T = 40, .H = 1, .Hk = 1, .E = 8, .bs = 32, .bits = CT_FLEX_MASK_CAUSAL,
-                      .scale = 0.35f, .dtype = CT_DTYPE_F32, .bm = bm32, .q = q, .k = q, .v = q,
+                      .scale = 0.35f, .dtype = CT_DTYPE_F32, .bm = kind == 0 ? bmj : bm32, .q = q, .k = q, .v = q,
                       .compiled = kind == 0 ? &dummy : NULL};
         double *res = dvec(40 * 8 + 40);
         ct_clear_error();
         ct_status s = flex_run(D, &c, res);
         t_checks++;
         const char *msg = ct_last_error();
-        if (s != CT_EUNSUPPORTED || !strstr(msg, kind == 0 ? "compiled" : "block size")) {
+        ct_status want = kind == 0 ? CT_EINVAL : CT_EUNSUPPORTED;
+        if (s != want || !strstr(msg, kind == 0 ? "module" : "block size")) {
             t_failures++;
-            fprintf(stderr, "  %s flex_fwd with %s: %s: %s (expected CT_EUNSUPPORTED naming it)\n", D->name,
-                    kind == 0 ? "compiled mods" : "block size 32", ct_status_name(s), msg);
+            fprintf(stderr, "  %s flex_fwd with %s: %s: %s (expected %s naming it)\n", D->name,
+                    kind == 0 ? "compiled mods without a module" : "block size 32", ct_status_name(s), msg,
+                    ct_status_name(want));
         }
         free(res);
     }
@@ -1544,7 +1620,179 @@ static void test_flex(const tdev *D)
     ct_block_mask_free(bm64);
     free(q);
     ct_block_mask_free(bm32);
+    ct_block_mask_free(bmj);
     ct_mask_mod_free(&cm);
+}
+
+/* ---- flex attention with compiled (jit) mods ----------------------------------------------------
+ * The mods' device source written by hand after backend.h's contract (tests/cuda_emu/
+ * flex_jit_samples.h: a relative-position bias score mod over a bound array with its gradient,
+ * a mask mod (q - kv) % 3 != 0 || q == kv under the causal bits, a mask + score pair over two
+ * arrays, the score's with a gradient). The CPU runs the host mods compiled from the same
+ * expressions (ct_score_mod_compile / ct_mask_mod_compile) through its flex slots; a GPU runs
+ * its module of the source (flex_jit_build + flex_jit_load, once per source, dtype and head-dim
+ * class). Each case against the double reference (out / lse, dq / dk / dv and the parameter
+ * gradient), on a GPU also 3x bitwise and against the CPU; f32 and bf16. */
+
+#include "../cuda_emu/flex_jit_samples.h"
+
+typedef struct fj_module {
+    int jit, dtype, eclass;
+    void *module;
+} fj_module;
+
+/* The device's module for (kind, dtype, E): built and loaded on first use, kept in mods[]. */
+static void *fj_module_get(const tdev *D, fj_module *mods, int *nmods, int jit, ct_dtype dt, int64_t E)
+{
+    int ec = E <= 32 ? 0 : E <= 64 ? 1 : E <= 128 ? 2 : 3;
+    for (int i = 0; i < *nmods; i++)
+        if (mods[i].jit == jit && mods[i].dtype == (int)dt && mods[i].eclass == ec) return mods[i].module;
+    const char *src = jit == FJ_RELPOS ? FJ_RELPOS_SRC : jit == FJ_MOD3 ? FJ_MOD3_SRC : FJ_PAIR_SRC;
+    void *image = NULL, *module = NULL;
+    size_t len = 0;
+    ct_status s = SLOT(D, flex_jit_build, src, dt, E, &image, &len);
+    CHECK_OK(s);
+    if (s == CT_OK) {
+        s = SLOT(D, flex_jit_load, image, len, &module);
+        CHECK_OK(s);
+        /* a damaged image (a payload byte flipped) and a cut one are refused, never loaded */
+        void *bad = NULL;
+        unsigned char *cp = malloc(len);
+        if (cp) {
+            memcpy(cp, image, len);
+            cp[len / 2] ^= 0x40;
+            ct_clear_error();
+            CHECK(SLOT(D, flex_jit_load, cp, len, &bad) == CT_EFORMAT && !bad);
+            CHECK(SLOT(D, flex_jit_load, image, 40, &bad) == CT_EFORMAT && !bad);
+            free(cp);
+        }
+    }
+    free(image);
+    if (module) mods[(*nmods)++] = (fj_module){jit, (int)dt, ec, module};
+    return module;
+}
+
+static void test_flex_jit(const tdev *D)
+{
+    static const struct {
+        const char *name;
+        int jit;
+        int64_t Bb, T, H, Hk, E, bs;
+        unsigned bits;
+    } cases[] = {
+        {"relpos bias (grad), causal", FJ_RELPOS, 2, 100, 2, 1, 64, 64, CT_FLEX_MASK_CAUSAL},
+        {"mask (q-kv)%3, causal", FJ_MOD3, 1, 90, 2, 2, 32, 64, CT_FLEX_MASK_CAUSAL},
+        {"mask keep[kv] + score w[h] (grad)", FJ_PAIR, 1, 70, 4, 2, 64, 128, 0},
+    };
+    bool hf = HAS(D, flex_fwd), hb = HAS(D, flex_bwd);
+    if (D->gpu && !(HAS(D, flex_jit_build) && HAS(D, flex_jit_load) && HAS(D, flex_jit_unload))) return;
+    if (!hf || !hb) return;
+    if (D->gpu) { /* the compiler's identity names it */
+        char id[128] = "";
+        CHECK_OK(SLOT(D, flex_jit_identity, id, sizeof id));
+        CHECK(strstr(id, "sm_") != NULL);
+        printf("  %s: compiled mods by %s\n", D->name, id);
+    }
+    fj_module mods[16];
+    int nmods = 0;
+    char what[200];
+    for (int ci = 0; ci < LEN(cases); ci++) {
+        int64_t Bb = cases[ci].Bb, T = cases[ci].T, H = cases[ci].H, Hk = cases[ci].Hk, E = cases[ci].E;
+        float *bias = fvec((size_t)(H * 129), -1, 1), *w = fvec((size_t)H, 0.5f, 1.5f);
+        int32_t *keepv = malloc((size_t)T * 4);
+        for (int64_t t = 0; t < T; t++) keepv[t] = (t * 7 + 3) % 5 != 0;
+        ct_jit_binding bb = {.name = "bias", .dtype = CT_DTYPE_F32, .ndim = 2, .shape = {H, 129}, .data = bias,
+                             .requires_grad = true};
+        ct_jit_binding bk = {.name = "keep", .dtype = CT_DTYPE_I32, .ndim = 1, .shape = {T}, .data = keepv};
+        ct_jit_binding bw = {.name = "w", .dtype = CT_DTYPE_F32, .ndim = 1, .shape = {H}, .data = w,
+                             .requires_grad = true};
+        ct_score_mod jsm = {0};
+        ct_mask_mod jmm = {0};
+        bool has_s = cases[ci].jit != FJ_MOD3, has_m = cases[ci].jit != FJ_RELPOS;
+        ct_status st = CT_OK;
+        if (cases[ci].jit == FJ_RELPOS) st = ct_score_mod_compile(FJ_RELPOS_EXPR, &bb, 1, NULL, &jsm);
+        if (cases[ci].jit == FJ_MOD3) st = ct_mask_mod_compile(FJ_MOD3_EXPR, NULL, 0, NULL, &jmm);
+        if (cases[ci].jit == FJ_PAIR) {
+            st = ct_mask_mod_compile(FJ_PAIR_MASK_EXPR, &bk, 1, NULL, &jmm);
+            if (st == CT_OK) st = ct_score_mod_compile(FJ_PAIR_SCORE_EXPR, &bw, 1, NULL, &jsm);
+        }
+        CHECK_OK(st);
+        /* the block mask of the built-in bits AND the compiled mask */
+        ct_mask_mod kids[2], all = {0};
+        int nk = 0;
+        ct_block_mask *bm = NULL;
+        if (st == CT_OK && (cases[ci].bits & CT_FLEX_MASK_CAUSAL)) st = ct_mask_mod_causal(&kids[nk++]);
+        if (st == CT_OK && has_m) kids[nk++] = jmm;
+        if (st == CT_OK) st = nk == 0 ? ct_mask_mod_noop(&all) : nk == 1 ? CT_OK : ct_mask_mod_and(kids, nk, &all);
+        if (st == CT_OK) st = ct_block_mask_create(nk == 1 ? &kids[0] : &all, Bb, H, T, T, cases[ci].bs, &bm);
+        CHECK_OK(st);
+        for (int dt = 0; dt < 2 && st == CT_OK; dt++) {
+            flex_ctx c = {.Bb = Bb, .T = T, .H = H, .Hk = Hk, .E = E, .bs = cases[ci].bs, .bits = cases[ci].bits,
+                          .jit = cases[ci].jit, .bias = bias, .w = w, .keepv = keepv, .jsm = has_s ? &jsm : NULL,
+                          .jmm = has_m ? &jmm : NULL, .bm = bm};
+            c.dtype = dt ? CT_DTYPE_BF16 : CT_DTYPE_F32;
+            c.scale = (float)(1.0 / sqrt((double)E));
+            if (D->gpu && !(c.module = fj_module_get(D, mods, &nmods, c.jit, c.dtype, E))) break;
+            size_t nq = (size_t)(Bb * T * H * E), nkv = (size_t)(Bb * T * Hk * E), nl = (size_t)(Bb * H * T);
+            size_t npg = fj_npg(&c);
+            float *q = fvec(nq, -2, 2), *k = fvec(nkv, -2, 2), *v = fvec(nkv, -1, 1), *dout = fvec(nq, -1, 1);
+            float *outf = malloc(nq * 4), *lsef = malloc(nl * 4);
+            uint16_t *qb = NULL, *kb = NULL, *vb = NULL, *db = NULL, *ob = NULL;
+            if (dt) qb = bf16_round(q, nq), kb = bf16_round(k, nkv), vb = bf16_round(v, nkv), db = bf16_round(dout, nq);
+            c.q = q, c.k = k, c.v = v, c.dout = dout, c.qb = qb, c.kb = kb, c.vb = vb, c.doutb = db;
+            double *ref = dvec(nq + nl), *gref = dvec(nq + 2 * nkv + npg);
+            flex_ref(&c, ref, ref + nq, NULL, NULL, NULL, NULL);
+            for (size_t i = 0; i < nq; i++) outf[i] = (float)ref[i];
+            for (size_t i = 0; i < nl; i++) lsef[i] = (float)ref[nq + i];
+            if (dt) ob = bf16_round(outf, nq);
+            c.out = outf, c.lse = lsef, c.outb = ob;
+            flex_ref(&c, NULL, NULL, gref, gref + nq, gref + nq + nkv, gref + nq + 2 * nkv);
+            snprintf(what, sizeof what, "flex_fwd jit %s %s B%lld T%lld H%lld Hk%lld E%lld bs%lld", cases[ci].name,
+                     dt ? "bf16" : "f32", (long long)Bb, (long long)T, (long long)H, (long long)Hk, (long long)E,
+                     (long long)cases[ci].bs);
+            verify_ex(D, what, flex_run, &c, nq + nl, ref, dt ? 1e-2 : RTOL_RED, 0, 0);
+            c.bwd = true;
+            memcpy(what + 5, "bwd", 3);
+            verify_ex(D, what, flex_run, &c, nq + 2 * nkv + npg, gref, dt ? 1e-2 : RTOL_RED, 0, 0);
+            if (npg && !dt) { /* the parameter gradient without dq (dq reads as 0) */
+                c.no_dq = true;
+                memset(gref, 0, nq * sizeof *gref);
+                strncat(what, " no dq", sizeof what - strlen(what) - 1);
+                verify_ex(D, what, flex_run, &c, nq + 2 * nkv + npg, gref, RTOL_RED, 0, 0);
+            }
+            free(q), free(k), free(v), free(dout), free(outf), free(lsef);
+            free(qb), free(kb), free(vb), free(db), free(ob), free(ref), free(gref);
+        }
+        ct_block_mask_free(bm);
+        if (nk > 1 || nk == 0) ct_mask_mod_free(&all);
+        if ((cases[ci].bits & CT_FLEX_MASK_CAUSAL)) ct_mask_mod_free(&kids[0]);
+        ct_mask_mod_free(&jmm);
+        ct_score_mod_free(&jsm);
+        free(bias), free(w), free(keepv);
+    }
+    /* a module for another dtype or head-dim class than the call's: CT_EINVAL naming it */
+    if (D->gpu && nmods) {
+        ct_mask_mod cm;
+        ct_block_mask *bm = NULL;
+        CHECK_OK(ct_mask_mod_causal(&cm));
+        CHECK_OK(ct_block_mask_create(&cm, 1, 1, 40, 40, 64, &bm));
+        float *q = fvec(40 * 200, -1, 1);
+        flex_ctx c = {.Bb = 1, .T = 40, .H = 1, .Hk = 1, .E = 200, .bs = 64, .bits = CT_FLEX_MASK_CAUSAL,
+                      .scale = 0.1f, .dtype = CT_DTYPE_F32, .bm = bm, .q = q, .k = q, .v = q, .jit = mods[0].jit,
+                      .module = mods[0].module};
+        float w[1] = {1}, bias[129] = {0};
+        int32_t keepv[40] = {0};
+        ct_score_mod dummy = {0};
+        c.bias = bias, c.w = w, c.keepv = keepv, c.jsm = &dummy;
+        double *res = dvec(40 * 200 + 40);
+        ct_clear_error();
+        ct_status s = flex_run(D, &c, res);
+        CHECK(s == CT_EINVAL && strstr(ct_last_error(), "module"));
+        free(res), free(q);
+        ct_block_mask_free(bm);
+        ct_mask_mod_free(&cm);
+    }
+    for (int i = 0; i < nmods; i++) D->ops->flex_jit_unload(D->bk, mods[i].module);
 }
 
 /* ---- optimizer ------------------------------------------------------------------------------ */
@@ -1634,6 +1882,7 @@ static void run_device(const tdev *D)
     test_lce(D);
     test_attn(D);
     test_flex(D);
+    test_flex_jit(D);
     test_optim(D);
     printf("%s: %d failed checks\n", D->name, t_failures - before);
 }

@@ -319,8 +319,10 @@ enum cudaLibraryOption { cudaLibraryHostUniversalFunctionAndDataTable = 0 };
 
 /* 0, or -1 with the reason (the compiler's first output lines) in msg. *image malloc()ed. */
 int emu_rtc_compile(const char *text, void **image, size_t *len, char *msg, size_t cap);
-/* The compiler command line emu_rtc_compile runs (for messages and identities). */
+/* The compiler emu_rtc_compile runs (for messages and identities). */
 const char *emu_rtc_compiler(void);
+/* Why the thread's last cudaLibraryLoadData failed (the loader's message). */
+const char *emu_rtc_last_error(void);
 cudaError_t cudaLibraryLoadData(cudaLibrary_t *lib, const void *code, enum cudaJitOption *jo, void **jv,
                                 unsigned njo, enum cudaLibraryOption *lo, void **lv, unsigned nlo);
 cudaError_t cudaLibraryGetKernel(cudaKernel_t *k, cudaLibrary_t lib, const char *name);

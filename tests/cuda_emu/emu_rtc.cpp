@@ -45,6 +45,8 @@ struct emu_kernel_handle {
 struct emu_library {
     unsigned magic;
     void *dl;
+    int fd; /* the memfd it was loaded from, open while loaded: dlopen knows an object by its path
+               (/proc/self/fd/N), so a reused N would hand back an earlier module */
     std::vector<emu_kernel_handle *> kernels;
 };
 
@@ -53,6 +55,7 @@ namespace {
 const unsigned LIB_MAGIC = 0x4c494231u, KERNEL_MAGIC = 0x4b524e31u;
 std::mutex rtc_mu;
 std::set<const void *> live_kernels, live_libs;
+thread_local char load_error[512];
 
 int fail(char *msg, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int fail(char *msg, size_t cap, const char *fmt, ...)
@@ -114,6 +117,11 @@ size_t elf_size(const void *code)
 
 } /* namespace */
 
+const char *emu_rtc_last_error(void)
+{
+    return load_error;
+}
+
 const char *emu_rtc_compiler(void)
 {
     return CT_EMU_CXX;
@@ -170,16 +178,20 @@ int emu_rtc_compile(const char *text, void **image, size_t *len, char *msg, size
     } else if (!read_file(so, image, len)) {
         ret = fail(msg, cap, "emulator: reading the compiled module %s", so);
     }
-    remove_dir(dir);
+    if (!getenv("CT_EMU_RTC_KEEP")) remove_dir(dir); /* kept for debugging */
     return ret;
 }
 
 cudaError_t cudaLibraryLoadData(cudaLibrary_t *lib, const void *code, enum cudaJitOption *, void **, unsigned,
                                 enum cudaLibraryOption *, void **, unsigned)
 {
+    load_error[0] = 0;
     if (!lib || !code) return cudaErrorInvalidValue;
     size_t n = elf_size(code);
-    if (n == 0) return cudaErrorInvalidValue;
+    if (n == 0) {
+        snprintf(load_error, sizeof load_error, "not an ELF64 shared object");
+        return cudaErrorInvalidValue;
+    }
     int fd = memfd_create("ctorch-emu-module", MFD_CLOEXEC);
     if (fd < 0) return cudaErrorMemoryAllocation;
     if (!write_all(fd, code, n)) {
@@ -189,9 +201,13 @@ cudaError_t cudaLibraryLoadData(cudaLibrary_t *lib, const void *code, enum cudaJ
     char path[64];
     snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
     void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    close(fd);
-    if (!dl) return cudaErrorInvalidValue;
-    emu_library *l = new emu_library{LIB_MAGIC, dl, {}};
+    if (!dl) {
+        const char *e = dlerror();
+        snprintf(load_error, sizeof load_error, "dlopen: %s", e ? e : "failed");
+        close(fd);
+        return cudaErrorInvalidValue;
+    }
+    emu_library *l = new emu_library{LIB_MAGIC, dl, fd, {}};
     std::lock_guard<std::mutex> g(rtc_mu);
     live_libs.insert(l);
     *lib = l;
@@ -224,6 +240,7 @@ cudaError_t cudaLibraryUnload(cudaLibrary_t lib)
         delete h;
     }
     dlclose(lib->dl);
+    close(lib->fd);
     lib->magic = 0;
     delete lib;
     return cudaSuccess;
