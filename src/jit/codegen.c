@@ -10,19 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
-typedef struct sbuf {
-    char *s;
-    size_t len, cap;
-    ct_status st;
-} sbuf;
-
-static void put(sbuf *b, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
-#endif
-    ;
-
-static void put(sbuf *b, const char *fmt, ...)
+void jit_put(jit_buf *b, const char *fmt, ...)
 {
     if (b->st != CT_OK) return;
     for (;;) {
@@ -48,12 +36,12 @@ static void put(sbuf *b, const char *fmt, ...)
     }
 }
 
-static const char *ctype(int t)
+const char *jit_ctype(int t)
 {
     return t == JT_FLOAT ? "float" : t == JT_INT ? "int64_t" : "int";
 }
 
-static const char *elt_type(ct_dtype dt)
+const char *jit_elt_type(ct_dtype dt)
 {
     switch (dt) {
     case CT_DTYPE_F32: return "float";
@@ -63,16 +51,16 @@ static const char *elt_type(ct_dtype dt)
     }
 }
 
-static void mark(const jir *ir, int x, bool *need)
+void jit_mark(const jir *ir, int x, bool *need)
 {
     if (x < 0 || need[x]) return;
     need[x] = true;
     for (int i = 0; i < ir->n[x].nk; i++)
-        mark(ir, ir->n[x].k[i], need);
+        jit_mark(ir, ir->n[x].k[i], need);
 }
 
 /* Emit the temporaries of the needed nodes, in order (kids come first). */
-static void emit_nodes(sbuf *b, const jir *ir, const bool *need, const char *ind)
+static void emit_nodes(jit_buf *b, const jir *ir, const bool *need, const char *ind)
 {
     for (int x = 0; x < ir->len; x++) {
         if (!need[x]) continue;
@@ -81,87 +69,88 @@ static void emit_nodes(sbuf *b, const jir *ir, const bool *need, const char *ind
         int ta = n->nk > 0 ? ir->n[a].t : 0;
         bool fl = n->t == JT_FLOAT;
         if (n->op == J_ARR) {
-            put(b, "%sconst int64_t f%d = ", ind, x);
-            if (n->nk == 0) put(b, "0");
+            jit_put(b, "%sconst int64_t f%d = ", ind, x);
+            if (n->nk == 0) jit_put(b, "0");
             for (int dd = 0; dd < n->nk; dd++)
-                put(b, "%sctj_ix(v%d, a%d_n%d) * a%d_s%d", dd ? " + " : "", n->k[dd], n->arr, dd,
+                jit_put(b, "%sctj_ix(v%d, a%d_n%d) * a%d_s%d", dd ? " + " : "", n->k[dd], n->arr, dd,
                     n->arr, dd);
-            put(b, ";\n");
+            jit_put(b, ";\n");
             ct_dtype dt = ir->arr[n->arr].dtype;
-            if (n->t == JT_BOOL) put(b, "%sconst int v%d = a%d[f%d] != 0;\n", ind, x, n->arr, x);
-            else put(b, "%sconst %s v%d = (%s)a%d[f%d];\n", ind, ctype(n->t), x, ctype(n->t), n->arr, x);
-            put(b, "%s(void)v%d;\n", ind, x);
+            if (n->t == JT_BOOL) jit_put(b, "%sconst int v%d = a%d[f%d] != 0;\n", ind, x, n->arr, x);
+            else jit_put(b, "%sconst %s v%d = (%s)a%d[f%d];\n", ind, jit_ctype(n->t), x,
+                         jit_ctype(n->t), n->arr, x);
+            jit_put(b, "%s(void)v%d;\n", ind, x);
             (void)dt;
             continue;
         }
-        put(b, "%sconst %s v%d = ", ind, ctype(n->t), x);
+        jit_put(b, "%sconst %s v%d = ", ind, jit_ctype(n->t), x);
         static const char *vars[] = {"score", "b", "h", "q", "kv"};
         switch ((jop)n->op) {
         case J_CONST:
-            if (fl && isinf(n->fv)) put(b, n->fv > 0 ? "INFINITY" : "(-INFINITY)");
-            else if (fl) put(b, "%af", (double)(float)n->fv);
-            else if (n->t == JT_BOOL) put(b, "%d", n->iv != 0);
-            else if (n->iv == INT64_MIN) put(b, "(-INT64_MAX - 1)");
-            else put(b, "INT64_C(%lld)", (long long)n->iv);
+            if (fl && isinf(n->fv)) jit_put(b, n->fv > 0 ? "INFINITY" : "(-INFINITY)");
+            else if (fl) jit_put(b, "%af", (double)(float)n->fv);
+            else if (n->t == JT_BOOL) jit_put(b, "%d", n->iv != 0);
+            else if (n->iv == INT64_MIN) jit_put(b, "(-INT64_MAX - 1)");
+            else jit_put(b, "INT64_C(%lld)", (long long)n->iv);
             break;
-        case J_VAR: put(b, "%s", vars[n->iv]); break;
+        case J_VAR: jit_put(b, "%s", vars[n->iv]); break;
         case J_CAST:
-            if (fl) put(b, "(float)v%d", a);
-            else if (n->t == JT_BOOL) put(b, "v%d != 0", a);
-            else if (ta == JT_FLOAT) put(b, "ctj_f2i(v%d)", a);
-            else put(b, "(int64_t)v%d", a);
+            if (fl) jit_put(b, "(float)v%d", a);
+            else if (n->t == JT_BOOL) jit_put(b, "v%d != 0", a);
+            else if (ta == JT_FLOAT) jit_put(b, "ctj_f2i(v%d)", a);
+            else jit_put(b, "(int64_t)v%d", a);
             break;
-        case J_NEG: put(b, "-v%d", a); break;
-        case J_NOT: put(b, "!v%d", a); break;
-        case J_BNOT: put(b, "~v%d", a); break;
-        case J_ADD: put(b, "v%d + v%d", a, c); break;
-        case J_SUB: put(b, "v%d - v%d", a, c); break;
-        case J_MUL: put(b, "v%d * v%d", a, c); break;
-        case J_DIV: put(b, fl ? "v%d / v%d" : "ctj_fdiv(v%d, v%d)", a, c); break;
-        case J_MOD: put(b, fl ? "ctj_fmodf(v%d, v%d)" : "ctj_fmod(v%d, v%d)", a, c); break;
-        case J_LT: put(b, "v%d < v%d", a, c); break;
-        case J_LE: put(b, "v%d <= v%d", a, c); break;
-        case J_GT: put(b, "v%d > v%d", a, c); break;
-        case J_GE: put(b, "v%d >= v%d", a, c); break;
-        case J_EQ: put(b, "v%d == v%d", a, c); break;
-        case J_NE: put(b, "v%d != v%d", a, c); break;
-        case J_AND: put(b, "v%d & v%d", a, c); break;
-        case J_OR: put(b, "v%d | v%d", a, c); break;
-        case J_XOR: put(b, "v%d ^ v%d", a, c); break;
-        case J_SEL: put(b, "v%d ? v%d : v%d", a, c, d); break;
-        case J_EXP: put(b, "ctj_exp(v%d)", a); break;
-        case J_LOG: put(b, "logf(v%d)", a); break;
-        case J_TANH: put(b, "ctj_tanh(v%d)", a); break;
-        case J_SIGMOID: put(b, "1.0f / (1.0f + ctj_exp(-v%d))", a); break;
-        case J_SQRT: put(b, "sqrtf(v%d)", a); break;
-        case J_FLOOR: put(b, "floorf(v%d)", a); break;
-        case J_ABS: put(b, fl ? "fabsf(v%d)" : "(v%d < 0 ? -v%d : v%d)", a, a, a); break;
-        case J_MIN: put(b, "v%d < v%d ? v%d : v%d", a, c, a, c); break;
-        case J_MAX: put(b, "v%d > v%d ? v%d : v%d", a, c, a, c); break;
+        case J_NEG: jit_put(b, "-v%d", a); break;
+        case J_NOT: jit_put(b, "!v%d", a); break;
+        case J_BNOT: jit_put(b, "~v%d", a); break;
+        case J_ADD: jit_put(b, "v%d + v%d", a, c); break;
+        case J_SUB: jit_put(b, "v%d - v%d", a, c); break;
+        case J_MUL: jit_put(b, "v%d * v%d", a, c); break;
+        case J_DIV: jit_put(b, fl ? "v%d / v%d" : "ctj_fdiv(v%d, v%d)", a, c); break;
+        case J_MOD: jit_put(b, fl ? "ctj_fmodf(v%d, v%d)" : "ctj_fmod(v%d, v%d)", a, c); break;
+        case J_LT: jit_put(b, "v%d < v%d", a, c); break;
+        case J_LE: jit_put(b, "v%d <= v%d", a, c); break;
+        case J_GT: jit_put(b, "v%d > v%d", a, c); break;
+        case J_GE: jit_put(b, "v%d >= v%d", a, c); break;
+        case J_EQ: jit_put(b, "v%d == v%d", a, c); break;
+        case J_NE: jit_put(b, "v%d != v%d", a, c); break;
+        case J_AND: jit_put(b, "v%d & v%d", a, c); break;
+        case J_OR: jit_put(b, "v%d | v%d", a, c); break;
+        case J_XOR: jit_put(b, "v%d ^ v%d", a, c); break;
+        case J_SEL: jit_put(b, "v%d ? v%d : v%d", a, c, d); break;
+        case J_EXP: jit_put(b, "ctj_exp(v%d)", a); break;
+        case J_LOG: jit_put(b, "logf(v%d)", a); break;
+        case J_TANH: jit_put(b, "ctj_tanh(v%d)", a); break;
+        case J_SIGMOID: jit_put(b, "1.0f / (1.0f + ctj_exp(-v%d))", a); break;
+        case J_SQRT: jit_put(b, "sqrtf(v%d)", a); break;
+        case J_FLOOR: jit_put(b, "floorf(v%d)", a); break;
+        case J_ABS: jit_put(b, fl ? "fabsf(v%d)" : "(v%d < 0 ? -v%d : v%d)", a, a, a); break;
+        case J_MIN: jit_put(b, "v%d < v%d ? v%d : v%d", a, c, a, c); break;
+        case J_MAX: jit_put(b, "v%d > v%d ? v%d : v%d", a, c, a, c); break;
         case J_CLAMP:
-            put(b, "(v%d < v%d ? v%d : v%d) > v%d ? v%d : (v%d < v%d ? v%d : v%d)", a, c, c, a, d, d,
+            jit_put(b, "(v%d < v%d ? v%d : v%d) > v%d ? v%d : (v%d < v%d ? v%d : v%d)", a, c, c, a, d, d,
                 a, c, c, a);
             break;
-        default: put(b, "0"); break;
+        default: jit_put(b, "0"); break;
         }
-        put(b, ";\n");
+        jit_put(b, ";\n");
     }
 }
 
-static void emit_arrays(sbuf *b, const jir *ir, const bool *need, bool gofs)
+static void emit_arrays(jit_buf *b, const jir *ir, const bool *need, bool gofs)
 {
     bool used[CT_JIT_MAX_ARRAYS] = {false};
     for (int x = 0; x < ir->len; x++)
         if (need[x] && ir->n[x].op == J_ARR) used[ir->n[x].arr] = true;
     for (int k = 0; k < ir->narr; k++) {
         if (!used[k]) continue;
-        put(b, "    const %s *a%d = (const %s *)A[%d].data;\n", elt_type(ir->arr[k].dtype), k,
-            elt_type(ir->arr[k].dtype), k);
+        jit_put(b, "    const %s *a%d = (const %s *)A[%d].data;\n", jit_elt_type(ir->arr[k].dtype), k,
+            jit_elt_type(ir->arr[k].dtype), k);
         for (int d = 0; d < ir->arr[k].ndim; d++)
-            put(b, "    const int64_t a%d_n%d = A[%d].shape[%d], a%d_s%d = A[%d].stride[%d];\n", k, d,
+            jit_put(b, "    const int64_t a%d_n%d = A[%d].shape[%d], a%d_s%d = A[%d].stride[%d];\n", k, d,
                 k, d, k, d, k, d);
         if (gofs && ir->arr[k].grad)
-            put(b, "    const int64_t a%d_g = A[%d].gofs;\n    (void)a%d_g;\n", k, k, k);
+            jit_put(b, "    const int64_t a%d_g = A[%d].gofs;\n    (void)a%d_g;\n", k, k, k);
     }
 }
 
@@ -238,62 +227,62 @@ static const char *preamble =
 
 /* The element loop: for each key column j, each query row i (contiguous when q_stride is 1:
  * the vectorised path), run body with `q`, `kv` and the loaded element. */
-static void loop_open(sbuf *b, const char *ind)
+static void loop_open(jit_buf *b, const char *ind)
 {
-    put(b, "%sfor (int64_t j = 0; j < t->nkv; j++) {\n", ind);
-    put(b, "%s    const int64_t kv = t->kv0 + j;\n", ind);
-    put(b, "%s    (void)kv;\n", ind);
+    jit_put(b, "%sfor (int64_t j = 0; j < t->nkv; j++) {\n", ind);
+    jit_put(b, "%s    const int64_t kv = t->kv0 + j;\n", ind);
+    jit_put(b, "%s    (void)kv;\n", ind);
 }
 
 ct_status jit_codegen(const jir *ir, char **out)
 {
     *out = NULL;
-    sbuf b = {NULL, 0, 4096, CT_OK};
+    jit_buf b = {NULL, 0, 4096, CT_OK};
     CT_TRY(ct_alloc((void **)&b.s, b.cap));
     b.s[0] = '\0';
     bool need[JIT_MAX_NODES];
-    put(&b, "%s", preamble);
-    put(&b, "int ctj_abi(void) { return %d; }\n\n", JIT_ABI);
+    jit_put(&b, "%s", preamble);
+    jit_put(&b, "int ctj_abi(void) { return %d; }\n\n", JIT_ABI);
     static const char *paths[2][2] = {{"i", "1"}, {"i * t->q_stride", "t->q_stride"}};
     if (ir->is_mask) {
         memset(need, 0, sizeof need);
-        mark(ir, ir->root, need);
-        put(&b, "void ctj_mask_tile(const ctj_arr *A, const ct_attn_tile *t, uint8_t *keep)\n{\n");
-        put(&b, "    (void)A;\n");
+        jit_mark(ir, ir->root, need);
+        jit_put(&b, "void ctj_mask_tile(const ctj_arr *A, const ct_attn_tile *t, uint8_t *keep)\n{\n");
+        jit_put(&b, "    (void)A;\n");
         emit_arrays(&b, ir, need, false);
-        put(&b, "    const int64_t b = t->b, h = t->h;\n    (void)b;\n    (void)h;\n");
+        jit_put(&b, "    const int64_t b = t->b, h = t->h;\n    (void)b;\n    (void)h;\n");
         loop_open(&b, "    ");
-        put(&b, "        uint8_t *p = keep + j * t->kv_stride;\n");
+        jit_put(&b, "        uint8_t *p = keep + j * t->kv_stride;\n");
         for (int v = 0; v < 2; v++) {
-            put(&b, v == 0 ? "        if (t->q_stride == 1) {\n" : "        } else {\n");
-            put(&b, "            for (int64_t i = 0; i < t->nq; i++) {\n");
-            put(&b, "                const int64_t q = t->q0 + i;\n                (void)q;\n");
+            jit_put(&b, v == 0 ? "        if (t->q_stride == 1) {\n" : "        } else {\n");
+            jit_put(&b, "            for (int64_t i = 0; i < t->nq; i++) {\n");
+            jit_put(&b, "                const int64_t q = t->q0 + i;\n                (void)q;\n");
             emit_nodes(&b, ir, need, "                ");
-            put(&b, "                p[%s] = (uint8_t)(v%d != 0);\n", paths[v][0], ir->root);
-            put(&b, "            }\n");
+            jit_put(&b, "                p[%s] = (uint8_t)(v%d != 0);\n", paths[v][0], ir->root);
+            jit_put(&b, "            }\n");
         }
-        put(&b, "        }\n    }\n}\n");
+        jit_put(&b, "        }\n    }\n}\n");
     } else {
         /* forward */
         memset(need, 0, sizeof need);
-        mark(ir, ir->root, need);
-        put(&b, "void ctj_score_fwd(const ctj_arr *A, const ct_attn_tile *t, float *s)\n{\n");
-        put(&b, "    (void)A;\n");
+        jit_mark(ir, ir->root, need);
+        jit_put(&b, "void ctj_score_fwd(const ctj_arr *A, const ct_attn_tile *t, float *s)\n{\n");
+        jit_put(&b, "    (void)A;\n");
         emit_arrays(&b, ir, need, false);
-        put(&b, "    const int64_t b = t->b, h = t->h;\n    (void)b;\n    (void)h;\n");
+        jit_put(&b, "    const int64_t b = t->b, h = t->h;\n    (void)b;\n    (void)h;\n");
         loop_open(&b, "    ");
-        put(&b, "        float *p = s + j * t->kv_stride;\n");
+        jit_put(&b, "        float *p = s + j * t->kv_stride;\n");
         for (int v = 0; v < 2; v++) {
-            put(&b, v == 0 ? "        if (t->q_stride == 1) {\n" : "        } else {\n");
-            put(&b, "            for (int64_t i = 0; i < t->nq; i++) {\n");
-            put(&b, "                const int64_t q = t->q0 + i;\n                (void)q;\n");
-            put(&b, "                const float score = p[%s];\n                (void)score;\n",
+            jit_put(&b, v == 0 ? "        if (t->q_stride == 1) {\n" : "        } else {\n");
+            jit_put(&b, "            for (int64_t i = 0; i < t->nq; i++) {\n");
+            jit_put(&b, "                const int64_t q = t->q0 + i;\n                (void)q;\n");
+            jit_put(&b, "                const float score = p[%s];\n                (void)score;\n",
                 paths[v][0]);
             emit_nodes(&b, ir, need, "                ");
-            put(&b, "                p[%s] = v%d;\n", paths[v][0], ir->root);
-            put(&b, "            }\n");
+            jit_put(&b, "                p[%s] = v%d;\n", paths[v][0], ir->root);
+            jit_put(&b, "            }\n");
         }
-        put(&b, "        }\n    }\n}\n\n");
+        jit_put(&b, "        }\n    }\n}\n\n");
 
         /* backward: the derivative over the score, then parameter gradients */
         jir *w;
@@ -327,54 +316,54 @@ ct_status jit_codegen(const jir *ir, char **out)
             return st;
         }
         memset(need, 0, sizeof need);
-        mark(w, dsc, need);
-        put(&b, "void ctj_score_grad(const ctj_arr *A, const ct_attn_tile *t, const float *s, "
+        jit_mark(w, dsc, need);
+        jit_put(&b, "void ctj_score_grad(const ctj_arr *A, const ct_attn_tile *t, const float *s, "
                 "float *g, float *dparam)\n{\n");
-        put(&b, "    (void)A;\n    (void)dparam;\n");
+        jit_put(&b, "    (void)A;\n    (void)dparam;\n");
         bool need2[JIT_MAX_NODES];
         memset(need2, 0, sizeof need2);
         for (int k = 0; k < nparam; k++) {
-            mark(w, pder[k], need2);
-            mark(w, pnode[k], need2);
+            jit_mark(w, pder[k], need2);
+            jit_mark(w, pnode[k], need2);
         }
         bool all[JIT_MAX_NODES];
         for (int x = 0; x < JIT_MAX_NODES; x++)
             all[x] = need[x] || need2[x];
         emit_arrays(&b, w, all, true);
-        put(&b, "    const int64_t b = t->b, h = t->h;\n    (void)b;\n    (void)h;\n");
+        jit_put(&b, "    const int64_t b = t->b, h = t->h;\n    (void)b;\n    (void)h;\n");
         loop_open(&b, "    ");
-        put(&b, "        const float *ps = s + j * t->kv_stride;\n");
-        put(&b, "        float *pg = g + j * t->kv_stride;\n");
+        jit_put(&b, "        const float *ps = s + j * t->kv_stride;\n");
+        jit_put(&b, "        float *pg = g + j * t->kv_stride;\n");
         if (nparam) {
             /* masked elements have g == 0 and add nothing; order fixed: j, i, then the
              * array reads in IR order */
-            put(&b, "        if (dparam) {\n");
-            put(&b, "            for (int64_t i = 0; i < t->nq; i++) {\n");
-            put(&b, "                const int64_t q = t->q0 + i;\n                (void)q;\n");
-            put(&b, "                const float score = ps[i * t->q_stride];\n                (void)score;\n");
-            put(&b, "                const float g0 = pg[i * t->q_stride];\n");
-            put(&b, "                if (g0 == 0.0f) continue;\n");
+            jit_put(&b, "        if (dparam) {\n");
+            jit_put(&b, "            for (int64_t i = 0; i < t->nq; i++) {\n");
+            jit_put(&b, "                const int64_t q = t->q0 + i;\n                (void)q;\n");
+            jit_put(&b, "                const float score = ps[i * t->q_stride];\n                (void)score;\n");
+            jit_put(&b, "                const float g0 = pg[i * t->q_stride];\n");
+            jit_put(&b, "                if (g0 == 0.0f) continue;\n");
             emit_nodes(&b, w, need2, "                ");
             for (int k = 0; k < nparam; k++)
-                put(&b, "                dparam[a%d_g + f%d] += g0 * v%d;\n", w->n[pnode[k]].arr,
+                jit_put(&b, "                dparam[a%d_g + f%d] += g0 * v%d;\n", w->n[pnode[k]].arr,
                     pnode[k], pder[k]);
-            put(&b, "            }\n        }\n");
+            jit_put(&b, "            }\n        }\n");
         }
         for (int v = 0; v < 2; v++) {
-            put(&b, v == 0 ? "        if (t->q_stride == 1) {\n" : "        } else {\n");
-            put(&b, "            for (int64_t i = 0; i < t->nq; i++) {\n");
-            put(&b, "                const int64_t q = t->q0 + i;\n                (void)q;\n");
-            put(&b, "                const float score = ps[%s];\n                (void)score;\n",
+            jit_put(&b, v == 0 ? "        if (t->q_stride == 1) {\n" : "        } else {\n");
+            jit_put(&b, "            for (int64_t i = 0; i < t->nq; i++) {\n");
+            jit_put(&b, "                const int64_t q = t->q0 + i;\n                (void)q;\n");
+            jit_put(&b, "                const float score = ps[%s];\n                (void)score;\n",
                 paths[v][0]);
-            put(&b, "                const float g0 = pg[%s];\n                (void)g0;\n", paths[v][0]);
+            jit_put(&b, "                const float g0 = pg[%s];\n                (void)g0;\n", paths[v][0]);
             emit_nodes(&b, w, need, "                ");
-            if (dsc < 0) put(&b, "                pg[%s] = 0.0f;\n", paths[v][0]);
+            if (dsc < 0) jit_put(&b, "                pg[%s] = 0.0f;\n", paths[v][0]);
             else
-                put(&b, "                pg[%s] = g0 == 0.0f ? 0.0f : g0 * v%d;\n", paths[v][0], dsc);
-            put(&b, "            }\n");
+                jit_put(&b, "                pg[%s] = g0 == 0.0f ? 0.0f : g0 * v%d;\n", paths[v][0], dsc);
+            jit_put(&b, "            }\n");
         }
-        put(&b, "        }\n");
-        put(&b, "    }\n}\n");
+        jit_put(&b, "        }\n");
+        jit_put(&b, "    }\n}\n");
         ct_free(w);
     }
     if (b.st != CT_OK) {

@@ -17,85 +17,24 @@
 #include <stdio.h>
 #include <string.h>
 
-typedef struct cbuf {
-    char *s;
-    size_t len, cap;
-    ct_status st;
-} cbuf;
-
-static void put(cbuf *b, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
-#endif
-    ;
-
-static void put(cbuf *b, const char *fmt, ...)
-{
-    if (b->st != CT_OK) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->s + b->len, b->cap - b->len, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            b->st = ct_error(CT_EINTERNAL, "jit device codegen: formatting failed");
-            return;
-        }
-        if ((size_t)n < b->cap - b->len) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t nc = b->cap * 2 + (size_t)n + 1;
-        char *ns;
-        if ((b->st = ct_alloc((void **)&ns, nc)) != CT_OK) return;
-        memcpy(ns, b->s, b->len + 1);
-        ct_free(b->s);
-        b->s = ns;
-        b->cap = nc;
-    }
-}
-
 /* Literal text (no format directives). */
-static void text(cbuf *b, const char *s)
+static void text(jit_buf *b, const char *s)
 {
-    put(b, "%s", s);
-}
-
-static const char *ctype(int t)
-{
-    return t == JT_FLOAT ? "float" : t == JT_INT ? "int64_t" : "int";
-}
-
-static const char *elt_type(ct_dtype dt)
-{
-    switch (dt) {
-    case CT_DTYPE_F32: return "float";
-    case CT_DTYPE_I32: return "int32_t";
-    case CT_DTYPE_I64: return "int64_t";
-    default: return "uint8_t";
-    }
-}
-
-static void mark(const jir *ir, int x, bool *need)
-{
-    if (x < 0 || need[x]) return;
-    need[x] = true;
-    for (int i = 0; i < ir->n[x].nk; i++)
-        mark(ir, ir->n[x].k[i], need);
+    jit_put(b, "%s", s);
 }
 
 /* A float constant as a literal of exactly that value. */
-static void fconst(cbuf *b, float f)
+static void fconst(jit_buf *b, float f)
 {
-    if (isnan(f)) put(b, "NAN");
-    else if (isinf(f)) put(b, f > 0 ? "INFINITY" : "(-INFINITY)");
-    else put(b, "%af", (double)f);
+    if (isnan(f)) jit_put(b, "NAN");
+    else if (isinf(f)) jit_put(b, f > 0 ? "INFINITY" : "(-INFINITY)");
+    else jit_put(b, "%af", (double)f);
 }
 
 /* The helpers every source carries (static, names ctj_*). The constants of exp and tanh are
  * the CPU prelude's quotients (1.0f / 5040.0f, ...), evaluated here in f32 and written as
  * exact hex literals. */
-static void helpers(cbuf *b)
+static void helpers(jit_buf *b)
 {
     text(b, "__device__ __forceinline__ int64_t ctj_ix(int64_t i, int64_t n)\n"
            "{\n    return i < 0 ? 0 : i >= n ? n - 1 : i;\n}\n"
@@ -136,11 +75,11 @@ static void helpers(cbuf *b)
            "    float n = rintf(__fmul_rn(xc, 1.44269504088896341f));\n"
            "    float r = __fsub_rn(xc, __fmul_rn(n, 0.693359375f));\n"
            "    r = __fsub_rn(r, __fmul_rn(n, -2.12194440e-4f));\n");
-    put(b, "    float p = %af;\n", (double)c7);
-    put(b, "    p = __fadd_rn(__fmul_rn(p, r), %af);\n", (double)c6);
-    put(b, "    p = __fadd_rn(__fmul_rn(p, r), %af);\n", (double)c5);
-    put(b, "    p = __fadd_rn(__fmul_rn(p, r), %af);\n", (double)c4);
-    put(b, "    p = __fadd_rn(__fmul_rn(p, r), %af);\n", (double)c3);
+    jit_put(b, "    float p = %af;\n", (double)c7);
+    jit_put(b, "    p = __fadd_rn(__fmul_rn(p, r), %af);\n", (double)c6);
+    jit_put(b, "    p = __fadd_rn(__fmul_rn(p, r), %af);\n", (double)c5);
+    jit_put(b, "    p = __fadd_rn(__fmul_rn(p, r), %af);\n", (double)c4);
+    jit_put(b, "    p = __fadd_rn(__fmul_rn(p, r), %af);\n", (double)c3);
     text(b, "    p = __fadd_rn(__fmul_rn(p, r), 0.5f);\n"
            "    p = __fadd_rn(__fadd_rn(__fmul_rn(p, __fmul_rn(r, r)), r), 1.0f);\n"
            "    int32_t ni = (int32_t)n, hi = ni / 2;\n"
@@ -156,10 +95,10 @@ static void helpers(cbuf *b)
     text(b, "__device__ __forceinline__ float ctj_tanh(float y)\n"
            "{\n"
            "    float ay = fabsf(y), y2 = __fmul_rn(y, y);\n");
-    put(b, "    float p = %af;\n", (double)t9);
-    put(b, "    p = __fsub_rn(__fmul_rn(p, y2), %af);\n", (double)t7);
-    put(b, "    p = __fadd_rn(__fmul_rn(p, y2), %af);\n", (double)t5);
-    put(b, "    p = __fsub_rn(__fmul_rn(p, y2), %af);\n", (double)t3);
+    jit_put(b, "    float p = %af;\n", (double)t9);
+    jit_put(b, "    p = __fsub_rn(__fmul_rn(p, y2), %af);\n", (double)t7);
+    jit_put(b, "    p = __fadd_rn(__fmul_rn(p, y2), %af);\n", (double)t5);
+    jit_put(b, "    p = __fsub_rn(__fmul_rn(p, y2), %af);\n", (double)t3);
     text(b, "    float small = __fadd_rn(__fmul_rn(__fmul_rn(p, y2), y), y);\n"
            "    float big = __fsub_rn(1.0f, __fdiv_rn(2.0f, __fadd_rn(ctj_exp(__fadd_rn(ay, ay)), 1.0f)));\n"
            "    big = y < 0.0f ? -big : big;\n"
@@ -168,23 +107,23 @@ static void helpers(cbuf *b)
 }
 
 /* The arrays' views a mod reads: A[base + k]. */
-static void emit_arrays(cbuf *b, const jir *ir, const bool *need, int base)
+static void emit_arrays(jit_buf *b, const jir *ir, const bool *need, int base)
 {
     bool used[CT_JIT_MAX_ARRAYS] = {false};
     for (int x = 0; x < ir->len; x++)
         if (need[x] && ir->n[x].op == J_ARR) used[ir->n[x].arr] = true;
     for (int k = 0; k < ir->narr; k++) {
         if (!used[k]) continue;
-        put(b, "    const %s *a%d = (const %s *)A[%d].data;\n", elt_type(ir->arr[k].dtype), k,
-            elt_type(ir->arr[k].dtype), base + k);
+        jit_put(b, "    const %s *a%d = (const %s *)A[%d].data;\n", jit_elt_type(ir->arr[k].dtype), k,
+            jit_elt_type(ir->arr[k].dtype), base + k);
         for (int d = 0; d < ir->arr[k].ndim; d++)
-            put(b, "    const int64_t a%d_n%d = A[%d].shape[%d], a%d_s%d = A[%d].stride[%d];\n", k, d,
+            jit_put(b, "    const int64_t a%d_n%d = A[%d].shape[%d], a%d_s%d = A[%d].stride[%d];\n", k, d,
                 base + k, d, k, d, base + k, d);
     }
 }
 
 /* The temporaries of the needed nodes, in order (kids come first). */
-static void emit_nodes(cbuf *b, const jir *ir, const bool *need)
+static void emit_nodes(jit_buf *b, const jir *ir, const bool *need)
 {
     static const char *vars[] = {"score", "b", "h", "q", "kv"};
     for (int x = 0; x < ir->len; x++) {
@@ -194,94 +133,95 @@ static void emit_nodes(cbuf *b, const jir *ir, const bool *need)
         int ta = n->nk > 0 ? ir->n[a].t : 0;
         bool fl = n->t == JT_FLOAT;
         if (n->op == J_ARR) {
-            put(b, "    const int64_t f%d = ", x);
-            if (n->nk == 0) put(b, "0");
+            jit_put(b, "    const int64_t f%d = ", x);
+            if (n->nk == 0) jit_put(b, "0");
             for (int dd = 0; dd < n->nk; dd++)
-                put(b, "%sctj_ix(v%d, a%d_n%d) * a%d_s%d", dd ? " + " : "", n->k[dd], n->arr, dd,
+                jit_put(b, "%sctj_ix(v%d, a%d_n%d) * a%d_s%d", dd ? " + " : "", n->k[dd], n->arr, dd,
                     n->arr, dd);
-            put(b, ";\n");
-            if (n->t == JT_BOOL) put(b, "    const int v%d = a%d[f%d] != 0;\n", x, n->arr, x);
-            else put(b, "    const %s v%d = (%s)a%d[f%d];\n", ctype(n->t), x, ctype(n->t), n->arr, x);
-            put(b, "    (void)v%d;\n", x);
+            jit_put(b, ";\n");
+            if (n->t == JT_BOOL) jit_put(b, "    const int v%d = a%d[f%d] != 0;\n", x, n->arr, x);
+            else jit_put(b, "    const %s v%d = (%s)a%d[f%d];\n", jit_ctype(n->t), x,
+                         jit_ctype(n->t), n->arr, x);
+            jit_put(b, "    (void)v%d;\n", x);
             continue;
         }
-        put(b, "    const %s v%d = ", ctype(n->t), x);
+        jit_put(b, "    const %s v%d = ", jit_ctype(n->t), x);
         switch ((jop)n->op) {
         case J_CONST:
             if (fl) fconst(b, (float)n->fv);
-            else if (n->t == JT_BOOL) put(b, "%d", n->iv != 0);
-            else if (n->iv == INT64_MIN) put(b, "(int64_t)(-9223372036854775807LL - 1)");
-            else put(b, "(int64_t)%lldLL", (long long)n->iv);
+            else if (n->t == JT_BOOL) jit_put(b, "%d", n->iv != 0);
+            else if (n->iv == INT64_MIN) jit_put(b, "(int64_t)(-9223372036854775807LL - 1)");
+            else jit_put(b, "(int64_t)%lldLL", (long long)n->iv);
             break;
-        case J_VAR: put(b, "%s", vars[n->iv]); break;
+        case J_VAR: jit_put(b, "%s", vars[n->iv]); break;
         case J_CAST:
-            if (fl) put(b, "(float)v%d", a);
-            else if (n->t == JT_BOOL) put(b, "v%d != 0", a);
-            else if (ta == JT_FLOAT) put(b, "ctj_f2i(v%d)", a);
-            else put(b, "(int64_t)v%d", a);
+            if (fl) jit_put(b, "(float)v%d", a);
+            else if (n->t == JT_BOOL) jit_put(b, "v%d != 0", a);
+            else if (ta == JT_FLOAT) jit_put(b, "ctj_f2i(v%d)", a);
+            else jit_put(b, "(int64_t)v%d", a);
             break;
-        case J_NEG: put(b, fl ? "-v%d" : "ctj_ineg(v%d)", a); break;
-        case J_NOT: put(b, "!v%d", a); break;
-        case J_BNOT: put(b, "~v%d", a); break;
-        case J_ADD: put(b, fl ? "__fadd_rn(v%d, v%d)" : "ctj_iadd(v%d, v%d)", a, c); break;
-        case J_SUB: put(b, fl ? "__fsub_rn(v%d, v%d)" : "ctj_isub(v%d, v%d)", a, c); break;
-        case J_MUL: put(b, fl ? "__fmul_rn(v%d, v%d)" : "ctj_imul(v%d, v%d)", a, c); break;
-        case J_DIV: put(b, fl ? "__fdiv_rn(v%d, v%d)" : "ctj_fdiv(v%d, v%d)", a, c); break;
-        case J_MOD: put(b, fl ? "ctj_fmodf(v%d, v%d)" : "ctj_fmod(v%d, v%d)", a, c); break;
-        case J_LT: put(b, "v%d < v%d", a, c); break;
-        case J_LE: put(b, "v%d <= v%d", a, c); break;
-        case J_GT: put(b, "v%d > v%d", a, c); break;
-        case J_GE: put(b, "v%d >= v%d", a, c); break;
-        case J_EQ: put(b, "v%d == v%d", a, c); break;
-        case J_NE: put(b, "v%d != v%d", a, c); break;
-        case J_AND: put(b, "v%d & v%d", a, c); break;
-        case J_OR: put(b, "v%d | v%d", a, c); break;
-        case J_XOR: put(b, "v%d ^ v%d", a, c); break;
-        case J_SEL: put(b, "v%d ? v%d : v%d", a, c, d); break;
-        case J_EXP: put(b, "ctj_exp(v%d)", a); break;
-        case J_LOG: put(b, "logf(v%d)", a); break;
-        case J_TANH: put(b, "ctj_tanh(v%d)", a); break;
-        case J_SIGMOID: put(b, "__fdiv_rn(1.0f, __fadd_rn(1.0f, ctj_exp(-v%d)))", a); break;
-        case J_SQRT: put(b, "__fsqrt_rn(v%d)", a); break;
-        case J_FLOOR: put(b, "floorf(v%d)", a); break;
-        case J_ABS: put(b, fl ? "fabsf(v%d)" : "(v%d < 0 ? ctj_ineg(v%d) : v%d)", a, a, a); break;
-        case J_MIN: put(b, "v%d < v%d ? v%d : v%d", a, c, a, c); break;
-        case J_MAX: put(b, "v%d > v%d ? v%d : v%d", a, c, a, c); break;
+        case J_NEG: jit_put(b, fl ? "-v%d" : "ctj_ineg(v%d)", a); break;
+        case J_NOT: jit_put(b, "!v%d", a); break;
+        case J_BNOT: jit_put(b, "~v%d", a); break;
+        case J_ADD: jit_put(b, fl ? "__fadd_rn(v%d, v%d)" : "ctj_iadd(v%d, v%d)", a, c); break;
+        case J_SUB: jit_put(b, fl ? "__fsub_rn(v%d, v%d)" : "ctj_isub(v%d, v%d)", a, c); break;
+        case J_MUL: jit_put(b, fl ? "__fmul_rn(v%d, v%d)" : "ctj_imul(v%d, v%d)", a, c); break;
+        case J_DIV: jit_put(b, fl ? "__fdiv_rn(v%d, v%d)" : "ctj_fdiv(v%d, v%d)", a, c); break;
+        case J_MOD: jit_put(b, fl ? "ctj_fmodf(v%d, v%d)" : "ctj_fmod(v%d, v%d)", a, c); break;
+        case J_LT: jit_put(b, "v%d < v%d", a, c); break;
+        case J_LE: jit_put(b, "v%d <= v%d", a, c); break;
+        case J_GT: jit_put(b, "v%d > v%d", a, c); break;
+        case J_GE: jit_put(b, "v%d >= v%d", a, c); break;
+        case J_EQ: jit_put(b, "v%d == v%d", a, c); break;
+        case J_NE: jit_put(b, "v%d != v%d", a, c); break;
+        case J_AND: jit_put(b, "v%d & v%d", a, c); break;
+        case J_OR: jit_put(b, "v%d | v%d", a, c); break;
+        case J_XOR: jit_put(b, "v%d ^ v%d", a, c); break;
+        case J_SEL: jit_put(b, "v%d ? v%d : v%d", a, c, d); break;
+        case J_EXP: jit_put(b, "ctj_exp(v%d)", a); break;
+        case J_LOG: jit_put(b, "logf(v%d)", a); break;
+        case J_TANH: jit_put(b, "ctj_tanh(v%d)", a); break;
+        case J_SIGMOID: jit_put(b, "__fdiv_rn(1.0f, __fadd_rn(1.0f, ctj_exp(-v%d)))", a); break;
+        case J_SQRT: jit_put(b, "__fsqrt_rn(v%d)", a); break;
+        case J_FLOOR: jit_put(b, "floorf(v%d)", a); break;
+        case J_ABS: jit_put(b, fl ? "fabsf(v%d)" : "(v%d < 0 ? ctj_ineg(v%d) : v%d)", a, a, a); break;
+        case J_MIN: jit_put(b, "v%d < v%d ? v%d : v%d", a, c, a, c); break;
+        case J_MAX: jit_put(b, "v%d > v%d ? v%d : v%d", a, c, a, c); break;
         case J_CLAMP:
-            put(b, "(v%d < v%d ? v%d : v%d) > v%d ? v%d : (v%d < v%d ? v%d : v%d)", a, c, c, a, d, d,
+            jit_put(b, "(v%d < v%d ? v%d : v%d) > v%d ? v%d : (v%d < v%d ? v%d : v%d)", a, c, c, a, d, d,
                 a, c, c, a);
             break;
-        default: put(b, "0"); break;
+        default: jit_put(b, "0"); break;
         }
-        put(b, ";\n");
+        jit_put(b, ";\n");
     }
 }
 
 static const char *args = "int64_t b, int64_t h, int64_t q, int64_t kv";
 static const char *unused = "    (void)A;\n    (void)b;\n    (void)h;\n    (void)q;\n    (void)kv;\n";
 
-static void emit_mask(cbuf *b, const jir *ir)
+static void emit_mask(jit_buf *b, const jir *ir)
 {
     bool need[JIT_MAX_NODES] = {false};
-    mark(ir, ir->root, need);
-    put(b, "__device__ __forceinline__ bool ctj_mask(const ctj_arr *A, %s)\n{\n%s", args, unused);
+    jit_mark(ir, ir->root, need);
+    jit_put(b, "__device__ __forceinline__ bool ctj_mask(const ctj_arr *A, %s)\n{\n%s", args, unused);
     emit_arrays(b, ir, need, 0);
     emit_nodes(b, ir, need);
-    put(b, "    return v%d != 0;\n}\n\n", ir->root);
+    jit_put(b, "    return v%d != 0;\n}\n\n", ir->root);
 }
 
 /* The score mod: forward, and the backward by the symbolic derivative (jir_deriv): dL/ds =
  * g * d mod / ds, one parameter term per read of an array with a gradient, value g * d mod /
  * d element, at the element's flat (clamped) index past the array's gofs. *npg: the terms. */
-static ct_status emit_score(cbuf *b, const jir *ir, int base, int *npg)
+static ct_status emit_score(jit_buf *b, const jir *ir, int base, int *npg)
 {
     bool need[JIT_MAX_NODES] = {false};
-    mark(ir, ir->root, need);
-    put(b, "__device__ __forceinline__ float ctj_score(const ctj_arr *A, float score, %s)\n{\n%s"
+    jit_mark(ir, ir->root, need);
+    jit_put(b, "__device__ __forceinline__ float ctj_score(const ctj_arr *A, float score, %s)\n{\n%s"
            "    (void)score;\n", args, unused);
     emit_arrays(b, ir, need, base);
     emit_nodes(b, ir, need);
-    put(b, "    return v%d;\n}\n\n", ir->root);
+    jit_put(b, "    return v%d;\n}\n\n", ir->root);
 
     jir *w;
     int *memo;
@@ -314,23 +254,23 @@ static ct_status emit_score(cbuf *b, const jir *ir, int base, int *npg)
         return st;
     }
     bool all[JIT_MAX_NODES] = {false};
-    mark(w, dsc, all);
+    jit_mark(w, dsc, all);
     for (int k = 0; k < nparam; k++) {
-        mark(w, pd[k], all);
-        mark(w, pn[k], all);
+        jit_mark(w, pd[k], all);
+        jit_mark(w, pn[k], all);
     }
-    put(b, "__device__ __forceinline__ float ctj_score_grad(const ctj_arr *A, float score, %s, "
+    jit_put(b, "__device__ __forceinline__ float ctj_score_grad(const ctj_arr *A, float score, %s, "
            "float g, int64_t *pidx, float *pval)\n{\n%s"
            "    (void)score;\n    (void)pidx;\n    (void)pval;\n", args, unused);
     emit_arrays(b, w, all, base);
     emit_nodes(b, w, all);
     for (int k = 0; k < nparam; k++) {
         int x = pn[k];
-        put(b, "    pidx[%d] = A[%d].gofs + f%d;\n", k, base + w->n[x].arr, x);
-        put(b, "    pval[%d] = g == 0.0f ? 0.0f : __fmul_rn(g, v%d);\n", k, pd[k]);
+        jit_put(b, "    pidx[%d] = A[%d].gofs + f%d;\n", k, base + w->n[x].arr, x);
+        jit_put(b, "    pval[%d] = g == 0.0f ? 0.0f : __fmul_rn(g, v%d);\n", k, pd[k]);
     }
-    if (dsc < 0) put(b, "    return 0.0f;\n}\n\n");
-    else put(b, "    return g == 0.0f ? 0.0f : __fmul_rn(g, v%d);\n}\n\n", dsc);
+    if (dsc < 0) jit_put(b, "    return 0.0f;\n}\n\n");
+    else jit_put(b, "    return g == 0.0f ? 0.0f : __fmul_rn(g, v%d);\n}\n\n", dsc);
     *npg = nparam;
     ct_free(pn);
     ct_free(w);
@@ -343,12 +283,12 @@ ct_status jit_codegen_device(const jir *mask, const jir *score, char **out)
     *out = NULL;
     if ((!mask && !score) || (mask && !mask->is_mask) || (score && score->is_mask))
         return ct_error(CT_EINVAL, "jit_codegen_device: need a mask IR, a score IR or both");
-    cbuf b = {NULL, 0, 8192, CT_OK};
+    jit_buf b = {NULL, 0, 8192, CT_OK};
     CT_TRY(ct_alloc((void **)&b.s, b.cap));
     b.s[0] = '\0';
     int npg = 0;
     /* the score's functions are generated first into their own buffer, to know CTJ_NPG */
-    cbuf sb = {NULL, 0, 8192, CT_OK};
+    jit_buf sb = {NULL, 0, 8192, CT_OK};
     if (score) {
         ct_status s = ct_alloc((void **)&sb.s, sb.cap);
         if (s == CT_OK) {
@@ -362,14 +302,14 @@ ct_status jit_codegen_device(const jir *mask, const jir *score, char **out)
             return s;
         }
     }
-    put(&b, "/* Generated by ctorch's compile backend (abi %d): compiled flex mods for a device.\n"
+    jit_put(&b, "/* Generated by ctorch's compile backend (abi %d): compiled flex mods for a device.\n"
             " * A's entries: the mask mod's arrays (%d), then the score mod's (%d). */\n",
         JIT_ABI, mask ? mask->narr : 0, score ? score->narr : 0);
-    put(&b, "#define CTJ_MASK %d\n#define CTJ_SCORE %d\n#define CTJ_NPG %d\n\n", mask != NULL,
+    jit_put(&b, "#define CTJ_MASK %d\n#define CTJ_SCORE %d\n#define CTJ_NPG %d\n\n", mask != NULL,
         score != NULL, npg);
     helpers(&b);
     if (mask) emit_mask(&b, mask);
-    if (score) put(&b, "%s", sb.s);
+    if (score) jit_put(&b, "%s", sb.s);
     ct_free(sb.s);
     if (b.st != CT_OK) {
         ct_free(b.s);

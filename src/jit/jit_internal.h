@@ -71,6 +71,23 @@ int jir_deriv(jir *ir, int node, int wrt, int *memo);
 /* Canonical text of the IR (hash input); *out allocated with ct_alloc. */
 ct_status jir_serialize(const jir *ir, char **out, size_t *len);
 
+/* The code generators' text buffer (codegen.c, codegen_cuda.c): jit_put appends printf-style,
+ * growing with ct_alloc; the first failure is kept in st and later calls do nothing. */
+typedef struct jit_buf {
+    char *s;
+    size_t len, cap;
+    ct_status st;
+} jit_buf;
+void jit_put(jit_buf *b, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+const char *jit_ctype(int t);          /* C type of a jtype: float, int64_t, int (bool) */
+const char *jit_elt_type(ct_dtype dt); /* C type of a bound array's elements */
+/* need[x] = true for node x and everything it depends on. */
+void jit_mark(const jir *ir, int x, bool *need);
+
 /* The generated C translation unit; *out allocated with ct_alloc. */
 ct_status jit_codegen(const jir *ir, char **out);
 
