@@ -446,8 +446,10 @@ static void bad_input(ct_device *d, bool gpu, ct_device *other)
     const int64_t B = 1, H = 2, L = 40, E = 8;
     int64_t qs[4] = {B, H, L, E}, q2[4] = {B, H, L + 1, E}, k3[4] = {B, 3, L, E};
     dten q, o, lse, qn, q32, qs2, k3t;
-    float *x = malloc((size_t)(B * H * (L + 1) * E) * 4);
-    t_fill(x, (size_t)(B * H * (L + 1) * E), -1, 1);
+    /* values for the largest of the tensors below (k3: 3 heads; q2: L + 1 rows) */
+    const size_t nx = (size_t)(B * 3 * (L + 1) * E);
+    float *x = malloc(nx * 4);
+    t_fill(x, nx, -1, 1);
     CHECK_OK(dten_make(d, x, CT_DTYPE_F32, qs, true, &q));
     CHECK_OK(dten_make(d, NULL, CT_DTYPE_F32, qs, true, &o));
     CHECK_OK(lse_make(d, B, H, L, &lse));
