@@ -427,9 +427,13 @@ static void bad_input(ct_device *d)
 
 int main(void)
 {
-    char dir[64];
-    snprintf(dir, sizeof dir, "/tmp/ctorch-test-fjdev-XXXXXX");
-    if (!mkdtemp(dir)) return 1;
+    char dir[96]; /* TMPDIR of up to ~70 bytes */
+    const char *tmp = getenv("TMPDIR");
+    int dn = snprintf(dir, sizeof dir, "%s/ctorch-test-fjdev-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (dn < 0 || (size_t)dn >= sizeof dir || !mkdtemp(dir)) {
+        fprintf(stderr, "cannot make a temporary directory under TMPDIR (at most ~70 bytes here)\n");
+        return 1;
+    }
     setenv("CT_CACHE_DIR", dir, 1);
     for (int h = 0; h < H; h++)
         for (int i = 0; i < 2 * T - 1; i++) g_bias[h][i] = 0.02f * (float)((h * 7 + i) % 23) - 0.2f;

@@ -423,9 +423,13 @@ int main(void)
                         "CMake's CMAKE_CXX_COMPILER is needed\n");
         return 1;
     }
-    char dir[64];
-    snprintf(dir, sizeof dir, "/tmp/ctorch-test-jitcu-XXXXXX");
-    if (!mkdtemp(dir)) return 1;
+    char dir[96]; /* TMPDIR of up to ~70 bytes */
+    const char *tmp = getenv("TMPDIR");
+    int dn = snprintf(dir, sizeof dir, "%s/ctorch-test-jitcu-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (dn < 0 || (size_t)dn >= sizeof dir || !mkdtemp(dir)) {
+        fprintf(stderr, "cannot make a temporary directory under TMPDIR (at most ~70 bytes here)\n");
+        return 1;
+    }
     char cache[128];
     snprintf(cache, sizeof cache, "%s/cache", dir);
     setenv("CT_CACHE_DIR", cache, 1);
