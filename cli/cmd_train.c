@@ -74,7 +74,8 @@ static void usage(FILE *f)
         "                       weights' copies and the activations entering each GEMM to bf16\n"
         "                       (PyTorch's CPU autocast for linear / matmul), accumulating in\n"
         "                       f32; master weights, gradients, AdamW state and checkpoints stay\n"
-        "                       f32, and --resume keeps the checkpoint's dtype\n"
+        "                       f32, and --resume keeps the checkpoint's dtype (with --fsdp /\n"
+        "                       --dp too: each rank rounds the weights it gathers or holds)\n"
         "\nruns:\n"
         "  --out DIR            where checkpoint.safetensors, metrics.jsonl, loss.svg go "
         "(ctorch-run)\n"
@@ -102,7 +103,7 @@ static void usage(FILE *f)
         "  --backend tcp|mpi    communication backend (tcp)\n"
         "  --elastic            survive the death of a rank: shrink and continue with N-1 (tcp)\n"
         "  --prefetch N         all-gathers issued ahead, forward and backward (1)\n"
-        "  --param-dtype bf16   all-gather dtype (f32; compute stays f32)\n"
+        "  --param-dtype bf16   all-gather dtype (f32; --fsdp only; compute follows --dtype)\n"
         "  --no-overlap         wait for every collective at once (the serialized baseline)\n"
         "  --no-separate-rs     reduce-scatters share the all-gather communicator\n"
         "  --no-reshard         keep every block gathered after its forward\n"
@@ -390,11 +391,6 @@ static int parse(run *r, int argc, char **argv)
     }
     if (r->lora_on && !r->init_from) {
         fprintf(stderr, "ctorch train: --lora-rank needs --init-from (adapters on a model)\n");
-        return 2;
-    }
-    if (t->dtype == CT_DTYPE_BF16 && r->dist) {
-        fprintf(stderr, "ctorch train: --dtype bf16 does not combine with --fsdp / --dp yet "
-                        "(--param-dtype bf16 gathers in bf16; compute stays f32)\n");
         return 2;
     }
     if (r->init_from && r->dist) {
@@ -1441,6 +1437,11 @@ static int dist_open(loop *L)
         return cli_fail("train", s);
     if (r->resuming && (s = ct_fsdp_trainer_load(L->ft, r->resume)))
         return cli_fail("train: --resume", s);
+    if (r->to.dtype == CT_DTYPE_BF16 && !ct_cpu_has_bf16() && r->rank == 0)
+        fprintf(stderr, "ctorch train: --dtype bf16: %s has no bf16 dot-product instructions "
+                        "(AVX512_BF16 / BF16); the bf16 operands are converted to f32 for each "
+                        "product (same results, no bf16 speed-up)\n",
+                ct_cpu_name());
     ct_fsdp_get_stats(ct_fsdp_trainer_model(L->ft), &L->fs);
     ct_memory_stats(&L->setup_mem);
     snprintf(L->saved, sizeof L->saved, "%s/latest", r->out);
@@ -1491,16 +1492,22 @@ static void dist_describe(const loop *L)
             "memory per rank: training state %.1f MiB (parameters, gradients, AdamW), one "
             "gathered block %.1f MiB\n",
             L->fs.state_bytes / 1048576.0, L->fs.block_bytes / 1048576.0);
+    fprintf(stderr, "compute: %s, all-gather %s, gradient reduction f32\n",
+            r->to.dtype == CT_DTYPE_BF16 ? "bf16 GEMMs (f32 master weights)" : "f32",
+            r->bf16 ? "bf16" : "f32");
 }
 
 static void dist_start_records(loop *L, const char *event)
 {
     const run *r = L->r;
-    metrics_line(L->mf, json_pack("{s:s, s:I, s:I, s:s, s:i, s:I, s:I, s:i}", "event", event,
-                                  "step", (json_int_t)L->start, "steps", (json_int_t)L->total,
-                                  "mode", ct_fsdp_mode_name(r->mode), "world_size", r->world,
-                                  "state_bytes", (json_int_t)L->fs.state_bytes, "block_bytes",
-                                  (json_int_t)L->fs.block_bytes, "prefetch", (int)r->prefetch));
+    json_t *hdr = json_pack("{s:s, s:I, s:I, s:s, s:i, s:I, s:I, s:i}", "event", event, "step",
+                            (json_int_t)L->start, "steps", (json_int_t)L->total, "mode",
+                            ct_fsdp_mode_name(r->mode), "world_size", r->world, "state_bytes",
+                            (json_int_t)L->fs.state_bytes, "block_bytes",
+                            (json_int_t)L->fs.block_bytes, "prefetch", (int)r->prefetch);
+    json_object_set_new(hdr, "dtype", json_string(ct_dtype_name(r->to.dtype)));
+    json_object_set_new(hdr, "param_dtype", json_string(r->bf16 ? "bf16" : "f32"));
+    metrics_line(L->mf, hdr);
     metrics_line(L->mf, json_pack("{s:s, s:I}", "event", "setup", "mem_bytes",
                                   (json_int_t)L->setup_mem.current_bytes));
 }

@@ -36,6 +36,7 @@ typedef struct ds_slot {
     float *param; /* unsharded f32 parameters of a group */
     void *stage;  /* all-gather result: N shards in param dtype */
     void *send;   /* bf16 copy of the local shard (bf16 all-gather) */
+    uint16_t *pbf; /* compute dtype bf16: param rounded to bf16, the GEMMs' weight operands */
     int group;    /* -1: free */
 } ds_slot;
 
@@ -58,6 +59,8 @@ struct ct_fsdp {
     float **tp, **tg; /* per-tensor parameter / gradient pointers for gpt_bind */
     int64_t S_total, S_max, U_max;
     float *p, *gr, *m1, *m2; /* shard (or replica) parameters, gradients, AdamW moments */
+    uint16_t *pbf; /* data parallel in compute dtype bf16: the replica p rounded to bf16
+                      (every forward rounds it again: p may have been written since) */
     ds_slot *slots;
     int nslots;
     float *bgrad; /* one block's unsharded gradients */

@@ -203,14 +203,31 @@ static size_t pdt_size(const ct_fsdp *f)
 }
 
 /* Bytes of one group's gathered buffers: the block (f32) and, sharded, the staging area of
- * the all-gather (N shards) and its bf16 send buffer. */
-static size_t slot_bytes(const ct_fsdp *f, size_t *param, size_t *stage, size_t *send)
+ * the all-gather (N shards), its bf16 send buffer, and in compute dtype bf16 the block's
+ * bf16 copy (one per gathered group: never a whole bf16 model). */
+static size_t slot_bytes(const ct_fsdp *f, size_t *param, size_t *stage, size_t *send,
+                         size_t *pbf)
 {
     size_t U = (size_t)(f->U_max > f->g[0].U ? f->U_max : f->g[0].U);
     *param = U * sizeof(float);
     *stage = (size_t)f->size * (size_t)f->S_max * pdt_size(f);
     *send = f->o.param_dtype == CT_DTYPE_BF16 ? (size_t)f->S_max * 2 : 0;
-    return *param + *stage + *send;
+    *pbf = gpt_bf16(f->m) ? U * sizeof(uint16_t) : 0;
+    return *param + *stage + *send + *pbf;
+}
+
+/* The bf16 copy of the matrix a bound view w points into (gpt_create_sharded): in a gathered
+ * group's slot (FSDP) or in the replica (data parallel). */
+static const uint16_t *wbf_of(const void *ctx, const float *w)
+{
+    const ct_fsdp *f = ctx;
+    if (f->o.mode == CT_FSDP_REPLICATE) return f->pbf + (w - f->p);
+    for (int i = 0; i < f->nslots; i++) {
+        const ds_slot *sl = &f->slots[i];
+        if (sl->group >= 0 && w >= sl->param && w < sl->param + f->g[sl->group].U)
+            return sl->pbf + (w - sl->param);
+    }
+    return NULL; /* not reached: the model reads the weights of gathered groups only */
 }
 
 /* ---- create / free ------------------------------------------------------------------------ */
@@ -248,7 +265,7 @@ ct_status ct_fsdp_create(ct_comm *comm, const ct_gpt_config *cfg, const ct_gpt_o
     for (int i = 0; i < DS_RS_BUFS; i++)
         f->rsb[i].group = -1;
     f->div = o.gradient_divide_factor > 0 ? o.gradient_divide_factor : (double)f->size;
-    ct_status s = gpt_create(cfg, mopt, false, &f->m);
+    ct_status s = gpt_create_sharded(cfg, mopt, wbf_of, f, &f->m);
     if (!s) s = build_layout(f);
     if (!s) f->o.group_reshard_after_forward = NULL; /* read at creation only */
     size_t S = (size_t)f->S_total;
@@ -257,6 +274,9 @@ ct_status ct_fsdp_create(ct_comm *comm, const ct_gpt_config *cfg, const ct_gpt_o
     if (!s) s = ct_calloc((void **)&f->m1, (S ? S : 1) * sizeof(float));
     if (!s) s = ct_calloc((void **)&f->m2, (S ? S : 1) * sizeof(float));
     if (!s) f->st.state_bytes = 4 * S * sizeof(float);
+    /* data parallel in bf16: the replica's bf16 copy (the f32 replica is whole anyway) */
+    if (!s && f->o.mode == CT_FSDP_REPLICATE && gpt_bf16(f->m))
+        s = ct_calloc((void **)&f->pbf, (S ? S : 1) * sizeof(uint16_t));
     if (!s && f->o.mode == CT_FSDP_FULL_SHARD)
         s = ct_calloc((void **)&f->slots, (size_t)f->ng * sizeof *f->slots);
     /* the communicators: all-gathers on a duplicate of comm, reduce-scatters (bucket
@@ -280,8 +300,8 @@ ct_status ct_fsdp_create(ct_comm *comm, const ct_gpt_config *cfg, const ct_gpt_o
         gpt_bind(f->m, &f->m->g, f->tg);
     }
     if (!s) {
-        size_t a, b, c;
-        f->st.block_bytes = f->o.mode == CT_FSDP_FULL_SHARD ? slot_bytes(f, &a, &b, &c) : 0;
+        size_t a, b, c, d;
+        f->st.block_bytes = f->o.mode == CT_FSDP_FULL_SHARD ? slot_bytes(f, &a, &b, &c, &d) : 0;
     }
     if (s) {
         ct_fsdp_free(f);
@@ -309,11 +329,12 @@ void ct_fsdp_free(ct_fsdp *f)
     if (f->slots) ds_drop_gathered(f);
     for (int i = 0; f->slots && i < f->nslots; i++) {
         ds_slot *sl = &f->slots[i];
-        size_t a, b, c;
-        slot_bytes(f, &a, &b, &c);
+        size_t a, b, c, d;
+        slot_bytes(f, &a, &b, &c, &d);
         gather_free(f, (void **)&sl->param, a);
         gather_free(f, &sl->stage, b);
         gather_free(f, &sl->send, c);
+        gather_free(f, (void **)&sl->pbf, d);
     }
     for (int i = 0; i < DS_RS_BUFS; i++) {
         ct_free(f->rsb[i].send);
@@ -335,6 +356,7 @@ void ct_fsdp_free(ct_fsdp *f)
     ct_free(f->gr);
     ct_free(f->m1);
     ct_free(f->m2);
+    ct_free(f->pbf);
     ct_gpt_free(f->m);
     ct_free(f);
 }
@@ -446,15 +468,17 @@ static ct_status get_slot(ct_fsdp *f, int *out)
         }
     if (f->nslots >= f->ng) return ct_error(CT_EINVAL, "fsdp: more gathered groups than groups");
     ds_slot *sl = &f->slots[f->nslots];
-    size_t a, b, c;
-    slot_bytes(f, &a, &b, &c);
+    size_t a, b, c, d;
+    slot_bytes(f, &a, &b, &c, &d);
     ct_status s = gather_alloc(f, (void **)&sl->param, a);
     if (!s) s = gather_alloc(f, &sl->stage, b);
     if (!s && c) s = gather_alloc(f, &sl->send, c);
+    if (!s && d) s = gather_alloc(f, (void **)&sl->pbf, d);
     if (s) {
         gather_free(f, (void **)&sl->param, a);
         gather_free(f, &sl->stage, b);
         gather_free(f, &sl->send, c);
+        gather_free(f, (void **)&sl->pbf, d);
         return s;
     }
     sl->group = -1;
@@ -519,6 +543,9 @@ static ct_status use_group(ct_fsdp *f, int g)
                 memcpy(dst, (const float *)sl->stage + src, n * sizeof(float));
             }
         }
+    /* compute dtype bf16: the GEMMs' copy of the gathered weights, rounded as the one-process
+     * model rounds its own (after a bf16 all-gather the values are bf16 already: the identity) */
+    if (gpt_bf16(f->m)) CT_TRY(gpt_to_bf16(f->m, sl->pbf, sl->param, G->U));
     G->ready = true;
     bind_group_params(f, G, sl->param);
     return CT_OK;
@@ -666,6 +693,7 @@ static ct_status group_grads_done(ct_fsdp *f, int g, float *ugrad)
 static ct_status forward_blocks(ct_fsdp *f, int64_t B, int64_t T, bool training)
 {
     int L = (int)f->m->cfg.n_layer, pf = f->o.overlap ? f->o.forward_prefetch : 0;
+    if (f->pbf) CT_TRY(gpt_to_bf16(f->m, f->pbf, f->p, f->S_total));
     CT_TRY(issue_gather(f, 0));
     for (int i = 0; i < pf && i < L; i++)
         CT_TRY(issue_gather(f, 1 + i));

@@ -10,7 +10,11 @@ static ct_status make_model(ct_fsdp_trainer *t)
     int N = ct_comm_size(t->comm);
     ct_gpt_options mo = ct_train_model_options(&t->o);
     mo.batch = (t->o.batch + N - 1) / N; /* this rank's rows of the global batch */
-    return ct_fsdp_create(t->comm, &t->cfg, &mo, &t->fo, &t->f);
+    /* each rank's rows carry the one-process model's loss gradient (grad_rows in the step),
+     * so the reduction only sums */
+    ct_fsdp_options fo = t->fo;
+    fo.gradient_divide_factor = 1.0;
+    return ct_fsdp_create(t->comm, &t->cfg, &mo, &fo, &t->f);
 }
 
 ct_status ct_fsdp_trainer_create(ct_comm *comm, const ct_gpt_config *cfg,
@@ -26,10 +30,6 @@ ct_status ct_fsdp_trainer_create(ct_comm *comm, const ct_gpt_config *cfg,
     CT_TRY(ct_gpt_config_check(cfg));
     ct_train_options o = opt ? *opt : ct_train_options_default();
     CT_TRY(gpt_check_train_options(cfg, &o, fn));
-    if (o.dtype != CT_DTYPE_F32)
-        return ct_error(CT_EUNSUPPORTED, "%s: dtype %s: the sharded trainer computes in f32 (bf16 "
-                                         "is its all-gather dtype only, ct_fsdp_options)",
-                        fn, ct_dtype_name(o.dtype));
     int N = ct_comm_size(comm);
     if (o.batch % N)
         return ct_error(CT_EINVAL,
@@ -101,17 +101,27 @@ ct_status ct_fsdp_trainer_step(ct_fsdp_trainer *t, ct_train_step_info *info)
     t->saved_pos = t->pos, t->saved_epoch = t->epoch, t->saved_rng = t->rng;
     t->in_step = true;
     ct_fsdp_zero_grad(f);
-    double loss = 0, div = f->div;
+    double loss = 0;
     bool dp = ct_fsdp_get_options(f)->mode == CT_FSDP_REPLICATE;
-    for (int64_t k = 0; k < t->o.accum; k++) {
+    /* every row's loss gradient is the one-process trainer's, (1 / accum) / (B T), whatever
+     * share of the rows this rank holds: the reduction sums (divide factor 1, make_model), and
+     * a bf16 run rounds the same output gradients to bf16 as the one-process run does (a
+     * per-rank mean scaled by N after the fact would round them differently unless N is a
+     * power of two) */
+    f->m->grad_rows = (double)B * (double)T;
+    float scale = 1.0f / (float)t->o.accum;
+    ct_status s = CT_OK;
+    for (int64_t k = 0; k < t->o.accum && !s; k++) {
         gpt_next_batch(t->train, t->n_train, B, T, &t->pos, &t->epoch, &t->rng, t->batch);
         int64_t nb = r1 - r0;
-        float scale = (float)((double)nb * div / (double)B / (double)t->o.accum), l = 0;
+        float l = 0;
         /* data parallel reduces once per step; FSDP reduces every micro-batch into the shards */
         ct_fsdp_set_requires_gradient_sync(f, !dp || k == t->o.accum - 1);
-        CT_TRY(ct_fsdp_forward_backward(f, t->batch + r0 * (T + 1), nb, T, scale, &l));
+        s = ct_fsdp_forward_backward(f, t->batch + r0 * (T + 1), nb, T, scale, &l);
         loss += (double)l * (double)nb / (double)B;
     }
+    f->m->grad_rows = 0;
+    CT_TRY(s);
     ct_fsdp_set_requires_gradient_sync(f, true);
     CT_TRY(ct_fsdp_all_reduce_f64(f, &loss, 1));
     double norm;

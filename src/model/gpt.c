@@ -274,17 +274,37 @@ ct_status ct_gpt_create(const ct_gpt_config *cfg, const ct_gpt_options *opt, ct_
     return gpt_create(cfg, opt, true, out);
 }
 
+static ct_status create_model(const ct_gpt_config *cfg, const ct_gpt_options *opt,
+                              bool own_params,
+                              const uint16_t *(*wbf_of)(const void *ctx, const float *w),
+                              const void *wbf_ctx, ct_gpt **out);
+
 ct_status gpt_create(const ct_gpt_config *cfg, const ct_gpt_options *opt, bool own_params,
                      ct_gpt **out)
+{
+    return create_model(cfg, opt, own_params, NULL, NULL, out);
+}
+
+ct_status gpt_create_sharded(const ct_gpt_config *cfg, const ct_gpt_options *opt,
+                             const uint16_t *(*wbf_of)(const void *ctx, const float *w),
+                             const void *ctx, ct_gpt **out)
+{
+    return create_model(cfg, opt, false, wbf_of, ctx, out);
+}
+
+static ct_status create_model(const ct_gpt_config *cfg, const ct_gpt_options *opt,
+                              bool own_params,
+                              const uint16_t *(*wbf_of)(const void *ctx, const float *w),
+                              const void *wbf_ctx, ct_gpt **out)
 {
     if (!out) return ct_error(CT_EINVAL, "ct_gpt_create: out must not be NULL");
     *out = NULL;
     CT_TRY(ct_gpt_config_check(cfg));
     ct_gpt_options o = opt ? *opt : ct_gpt_options_default();
     CT_TRY(check_options(cfg, &o));
-    if (o.dtype == CT_DTYPE_BF16 && !own_params)
+    if (o.dtype == CT_DTYPE_BF16 && !own_params && !wbf_of)
         return ct_error(CT_EUNSUPPORTED, "ct_gpt_create: dtype bf16 needs the model's own f32 "
-                                         "parameters (not a mapped or sharded model)");
+                                         "parameters (not a mapped model)");
     ct_device *dev = o.device ? o.device : ct_device_cpu();
     if (ct_device_get_kind(dev) != CT_DEVICE_CPU) {
         const char *dn = ct_device_name(dev);
@@ -302,6 +322,7 @@ ct_status gpt_create(const ct_gpt_config *cfg, const ct_gpt_options *opt, bool o
     m->cfg = *cfg;
     m->opt = o;
     m->dev = dev;
+    if (o.dtype == CT_DTYPE_BF16) m->wbf_of = wbf_of, m->wbf_ctx = wbf_ctx;
     int64_t L = cfg->n_layer;
     ct_status s;
     if ((s = ct_calloc((void **)&m->tensors, table_cap(cfg) * sizeof(gpt_tensor))) ||
@@ -1097,6 +1118,18 @@ ct_status gpt_head_backward(ct_gpt *m, int64_t B, int64_t T, float grad_scale, f
     float lossv = 0;
     ct_ce_options o = loss_options(m, true);
     ct_ce_outputs out = {gpt_host(m) ? &lossv : a->scal, NULL, NULL};
+    /* grad_rows (src/dist): every row's loss gradient is grad_scale / grad_rows, the factor
+     * MEAN forms for a batch of grad_rows rows, of which this call holds N: reduction NONE
+     * with that upstream gradient per row, the per-row losses into dtmp (free until the
+     * blocks' backward) and their mean formed as MEAN's reduction forms it */
+    bool rows = m->grad_rows > 0;
+    if (rows) {
+        if (!gpt_host(m))
+            return ct_error(CT_EINTERNAL, "gpt_head_backward: grad_rows needs host memory");
+        o.reduction = CT_REDUCTION_NONE;
+        grad_scale = (float)((double)grad_scale / m->grad_rows);
+        out.loss = a->dtmp;
+    }
     /* head: dln = d loss / d lnf; the head weight's gradient is accumulated (tied: into the
      * embedding's gradient, which the embedding backward adds to below) */
     gpt_input x;
@@ -1124,6 +1157,14 @@ ct_status gpt_head_backward(ct_gpt *m, int64_t B, int64_t T, float grad_scale, f
     }
     GPT_DEV(m, rmsnorm_bwd, a->dres, m->g.norm, a->dln, a->resid + (size_t)c->n_layer * N * C,
             m->w.norm, a->rstdf, N, C);
+    if (rows) { /* in row order, in double, over the rows not ignored: MEAN's own sum */
+        double sum = 0, valid = 0;
+        for (int64_t n = 0; n < N; n++) {
+            sum += a->dtmp[n];
+            valid += a->tgt[n] != o.ignore_index;
+        }
+        lossv = (float)(sum / valid);
+    }
     if (!gpt_host(m) && loss) return ct_dev_d2h(m->dev, loss, a->scal, sizeof(float));
     if (loss) *loss = lossv;
     return CT_OK;

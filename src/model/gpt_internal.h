@@ -95,6 +95,14 @@ struct ct_gpt {
     bool wbf_held; /* set by the trainer while a step's micro-batches or an evaluation run
                       (it refreshed wbf just before); otherwise every forward refreshes it (the
                       f32 weights may have been written since) */
+    /* dtype bf16 without parameters of its own (gpt_create_sharded): wbf is NULL and the bf16
+     * copy of a matrix is found through wbf_of(wbf_ctx, w) */
+    const uint16_t *(*wbf_of)(const void *ctx, const float *w);
+    const void *wbf_ctx;
+    double grad_rows; /* > 0 (the distributed trainer, host memory): gpt_head_backward gives
+                         every row the loss gradient grad_scale / grad_rows, the one-process
+                         model's for a batch of grad_rows rows of which the call holds some
+                         (its *loss stays the mean over its own rows); 0: the mean's */
 };
 
 /* ---- bf16 mixed precision (ct_gpt_options.dtype == CT_DTYPE_BF16) --------------------------- */
@@ -102,10 +110,11 @@ static inline bool gpt_bf16(const ct_gpt *m)
 {
     return m->opt.dtype == CT_DTYPE_BF16;
 }
-/* The bf16 copy of matrix w (a view into m->params). */
+/* The bf16 copy of matrix w (a view into m->params, or one the owner of a sharded model's
+ * parameters bound: wbf_of). */
 static inline const uint16_t *gpt_wb(const ct_gpt *m, const float *w)
 {
-    return m->wbf + (w - m->params);
+    return m->wbf_of ? m->wbf_of(m->wbf_ctx, w) : m->wbf + (w - m->params);
 }
 /* dst[0, n) = src rounded to bf16 (round to nearest even) on the model's device. */
 ct_status gpt_to_bf16(const ct_gpt *m, uint16_t *dst, const float *src, int64_t n);
@@ -186,6 +195,13 @@ ct_status gpt_embed(float *out, const int32_t *ids, const float *w, gpt_half h, 
  * NULL, views unset: bind them with gpt_bind before running a block). */
 ct_status gpt_create(const ct_gpt_config *cfg, const ct_gpt_options *opt, bool own_params,
                      ct_gpt **out);
+/* The model of a sharded or replicated trainer (src/dist): gpt_create without parameters of
+ * its own; in dtype bf16 the caller holds the bf16 copies of the weights it binds (rounded,
+ * round to nearest even, from the f32 weights it gathered or replicates) and wbf_of(ctx, w)
+ * gives the copy of the matrix that a bound view w points into (wbf_of may be NULL in f32). */
+ct_status gpt_create_sharded(const ct_gpt_config *cfg, const ct_gpt_options *opt,
+                             const uint16_t *(*wbf_of)(const void *ctx, const float *w),
+                             const void *ctx, ct_gpt **out);
 /* Point the views of w at ptrs[k] for tensor k (0 .. ntensors-1; unused ones may be NULL). */
 void gpt_bind(const ct_gpt *m, gpt_weights *w, float *const *ptrs);
 /* The initial values of tensor i (ct_gpt_init's, from r advanced over the whole tensor);

@@ -40,12 +40,13 @@ static ct_comm *world1(void)
     return c;
 }
 
-static void test_matches_one_process(ct_fsdp_options fo, bool exact, int accum)
+static void test_matches_one_process(ct_fsdp_options fo, bool exact, int accum, ct_dtype dtype)
 {
     ct_gpt_config c = cfg_small();
     ct_gpt_options mo = ct_gpt_options_default();
     mo.batch = 3;
     mo.eos_token = 0;
+    mo.dtype = dtype; /* bf16: both round their weights' copies and activations the same way */
     ct_gpt *m;
     CHECK_OK(ct_gpt_create(&c, &mo, &m));
     CHECK_OK(ct_gpt_init(m, 7));
@@ -109,9 +110,130 @@ static void test_matches_one_process(ct_fsdp_options fo, bool exact, int accum)
     ct_fsdp_stats st;
     ct_fsdp_get_stats(f, &st);
     CHECK(st.collectives > 0 && st.state_bytes >= 4 * (size_t)ct_gpt_num_params(m) * 4);
+    /* sharded: gathered buffers (with a bf16 run's per-group bf16 copies) for at most
+     * prefetch + 1 blocks and the root at once */
+    int pf = fo.forward_prefetch > fo.backward_prefetch ? fo.forward_prefetch : fo.backward_prefetch;
+    if (fo.mode == CT_FSDP_FULL_SHARD && fo.reshard_after_forward)
+        CHECK(st.peak_gathered_bytes <= (size_t)(pf + 2) * st.block_bytes);
     ct_fsdp_free(f);
     ct_comm_free(w);
     ct_gpt_free(m);
+}
+
+static float round_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u += 0x7fffu + ((u >> 16) & 1u); /* nearest even (finite values) */
+    u &= 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* One step of a bf16 model with bf16 all-gathers against f32 all-gathers. Rounding the
+ * gathered bf16 values again is the identity, so the matrices' bf16 copies are the same
+ * bits; the tensors the bf16 model keeps in f32 (embedding table, norms, biases) arrive
+ * rounded from a bf16 gather, so the runs agree bitwise exactly when those are bf16 values
+ * already (rounded here), and differ otherwise (the control). */
+static void test_bf16_gathers_in_bf16_compute(void)
+{
+    ct_gpt_config c = cfg_small();
+    ct_gpt_options mo = ct_gpt_options_default();
+    mo.batch = 3;
+    mo.dtype = CT_DTYPE_BF16;
+    int32_t tok[3 * 9];
+    for (int i = 0; i < 27; i++)
+        tok[i] = (i * 5 + 1) % 50;
+    for (int pre_round = 1; pre_round >= 0; pre_round--) {
+        float loss[2];
+        double norm[2];
+        float *after[2] = {NULL, NULL};
+        int64_t total = 0;
+        for (int v = 0; v < 2; v++) {
+            ct_fsdp_options fo = ct_fsdp_options_default();
+            fo.param_dtype = v ? CT_DTYPE_BF16 : CT_DTYPE_F32;
+            ct_comm *w = world1();
+            ct_fsdp *f = NULL;
+            CHECK_OK(ct_fsdp_create(w, &c, &mo, &fo, &f));
+            if (!f) {
+                ct_comm_free(w);
+                return;
+            }
+            CHECK_OK(ct_fsdp_init(f, 11));
+            int nt = ct_fsdp_num_tensors(f);
+            for (int i = 0; i < nt && pre_round; i++) {
+                const char *name;
+                int nd;
+                int64_t sh[2], r0, r1;
+                float *p;
+                CHECK_OK(ct_fsdp_tensor(f, i, &name, &nd, sh, &r0, &r1, &p, NULL, NULL));
+                if (nd == 2 && !strstr(name, "embed")) continue; /* a matrix: left in f32 */
+                for (int64_t e = 0; e < (r1 - r0) * (nd == 2 ? sh[1] : 1); e++)
+                    p[e] = round_bf16(p[e]);
+            }
+            ct_fsdp_zero_grad(f);
+            CHECK_OK(ct_fsdp_forward_backward(f, tok, 3, 8, 1.0f, &loss[v]));
+            CHECK_OK(ct_fsdp_clip_grad_norm(f, 0.0f, &norm[v]));
+            ct_adamw_options ao = ct_adamw_options_default();
+            CHECK_OK(ct_fsdp_adamw_step(f, 1, &ao));
+            total = 0;
+            for (int i = 0; i < nt; i++) {
+                int64_t sh[2], r0, r1;
+                int nd;
+                CHECK_OK(ct_fsdp_tensor(f, i, NULL, &nd, sh, &r0, &r1, NULL, NULL, NULL));
+                total += (r1 - r0) * (nd == 2 ? sh[1] : 1);
+            }
+            CHECK_OK(ct_alloc((void **)&after[v], (size_t)total * sizeof(float)));
+            for (int i = 0, o = 0; i < nt; i++) {
+                int64_t sh[2], r0, r1, n;
+                int nd;
+                float *p;
+                CHECK_OK(ct_fsdp_tensor(f, i, NULL, &nd, sh, &r0, &r1, &p, NULL, NULL));
+                n = (r1 - r0) * (nd == 2 ? sh[1] : 1);
+                memcpy(after[v] + o, p, (size_t)n * sizeof(float));
+                o += (int)n;
+            }
+            ct_fsdp_free(f);
+            ct_comm_free(w);
+        }
+        bool same = loss[0] == loss[1] && norm[0] == norm[1] &&
+                    !memcmp(after[0], after[1], (size_t)total * sizeof(float));
+        CHECK(pre_round ? same : !same);
+        CHECK(fabsf(loss[0] - loss[1]) <= 1e-2f * fabsf(loss[0]));
+        ct_free(after[0]);
+        ct_free(after[1]);
+    }
+}
+
+/* FSDP in bf16 holds a bf16 copy per gathered group (not a whole bf16 model): its block
+ * grows by half of the f32 block's parameters at most. */
+static void test_bf16_memory(void)
+{
+    ct_gpt_config c = cfg_small();
+    c.n_layer = 6;
+    size_t block[2];
+    for (int d = 0; d < 2; d++) {
+        ct_gpt_options mo = ct_gpt_options_default();
+        mo.batch = 2;
+        mo.dtype = d ? CT_DTYPE_BF16 : CT_DTYPE_F32;
+        ct_comm *w = world1();
+        ct_fsdp *f = NULL;
+        CHECK_OK(ct_fsdp_create(w, &c, &mo, NULL, &f));
+        if (!f) {
+            ct_comm_free(w);
+            return;
+        }
+        ct_fsdp_stats st;
+        ct_fsdp_get_stats(f, &st);
+        block[d] = st.block_bytes;
+        if (d) {
+            CHECK(block[1] > block[0] && block[1] - block[0] <= block[0] / 2);
+            /* far less than a whole bf16 copy of the model */
+            CHECK(block[1] - block[0] < st.state_bytes / 16 * 2 / 2);
+        }
+        ct_fsdp_free(f);
+        ct_comm_free(w);
+    }
 }
 
 static void test_bad_options(void)
@@ -225,22 +347,28 @@ int main(void)
 {
     CHECK_OK(ct_store_server_start("127.0.0.1", 0, &srv));
     CHECK_OK(ct_store_connect("127.0.0.1", ct_store_server_port(srv), 10, &store));
+    for (int d = 0; d < 2; d++) { /* compute in f32, then in bf16: bitwise either way */
+        ct_dtype dt = d ? CT_DTYPE_BF16 : CT_DTYPE_F32;
+        ct_fsdp_options o = ct_fsdp_options_default();
+        test_matches_one_process(o, true, 1, dt);
+        o.forward_prefetch = o.backward_prefetch = 3;
+        o.reshard_after_forward = false;
+        o.root_reshard_after_forward = true;
+        test_matches_one_process(o, true, 2, dt);
+        o = ct_fsdp_options_default();
+        o.overlap = false;
+        o.separate_reduce_scatter_comm = false;
+        test_matches_one_process(o, true, 3, dt);
+        o = ct_fsdp_options_default();
+        o.mode = CT_FSDP_REPLICATE;
+        test_matches_one_process(o, true, 2, dt);
+    }
     ct_fsdp_options o = ct_fsdp_options_default();
-    test_matches_one_process(o, true, 1);
-    o.forward_prefetch = o.backward_prefetch = 3;
-    o.reshard_after_forward = false;
-    o.root_reshard_after_forward = true;
-    test_matches_one_process(o, true, 2);
-    o = ct_fsdp_options_default();
-    o.overlap = false;
-    o.separate_reduce_scatter_comm = false;
-    test_matches_one_process(o, true, 3);
-    o = ct_fsdp_options_default();
-    o.mode = CT_FSDP_REPLICATE;
-    test_matches_one_process(o, true, 2);
-    o = ct_fsdp_options_default();
     o.param_dtype = CT_DTYPE_BF16;
-    test_matches_one_process(o, false, 1);
+    test_matches_one_process(o, false, 1, CT_DTYPE_F32);
+    test_matches_one_process(o, false, 1, CT_DTYPE_BF16);
+    test_bf16_gathers_in_bf16_compute();
+    test_bf16_memory();
     test_bad_options();
     test_bad_checkpoints();
     ct_store_free(store);
