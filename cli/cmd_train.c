@@ -393,6 +393,11 @@ static int parse(run *r, int argc, char **argv)
         fprintf(stderr, "ctorch train: --lora-rank needs --init-from (adapters on a model)\n");
         return 2;
     }
+    if (r->bf16 && r->dist && r->mode == CT_FSDP_REPLICATE) {
+        fprintf(stderr, "ctorch train: --param-dtype bf16 needs --fsdp (--dp keeps f32 replicas "
+                        "and gathers nothing; --dtype bf16 computes in bf16)\n");
+        return 2;
+    }
     if (r->init_from && r->dist) {
         fprintf(stderr, "ctorch train: --init-from does not combine with --fsdp / --dp yet\n");
         return 2;

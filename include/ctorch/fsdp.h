@@ -26,11 +26,17 @@
  * queue behind all-gathers. The time the calling thread waits on collectives ("exposed") and
  * the total time collectives ran are measured per step (ct_fsdp_stats).
  *
- * Numerics: compute is f32; bf16 is only the all-gather dtype (parameters are kept in f32 and
- * rounded for the transfer, upcast for compute). Reductions run in a fixed order (the tcp
- * backend's), so a run is bitwise reproducible for a given N and backend, and agrees with the
- * one-process run to rounding (the rows of a batch are split across ranks, so sums are formed
- * in another order).
+ * Numerics: compute follows the model options' dtype (ct_gpt_options.dtype). f32: every
+ * product in f32. bf16: each rank computes as the one-process bf16 model does, its GEMMs on
+ * a bf16 copy (round to nearest even) of the weights it computes with: FSDP rounds each
+ * gathered group into a copy held with the group's gathered buffers (per gathered block, never
+ * a whole bf16 model), data parallel rounds its replica at every forward. Gradients, their
+ * reductions, clipping, AdamW and its state stay f32. param_dtype bf16 is the all-gather dtype
+ * alone (parameters are kept in f32 and rounded for the transfer, upcast after it). Reductions
+ * run in a fixed order (the tcp backend's), so a run is bitwise reproducible for a given N and
+ * backend, and agrees with the one-process run to rounding (the rows of a batch are split
+ * across ranks, so sums are formed in another order; in bf16 such a difference can move a
+ * value across a rounding boundary).
  */
 #ifndef CTORCH_FSDP_H
 #define CTORCH_FSDP_H
@@ -61,7 +67,8 @@ typedef struct ct_fsdp_options {
                                                   read at creation */
     int forward_prefetch;  /**< all-gathers issued ahead in the forward, 0..8; default 1 */
     int backward_prefetch; /**< all-gathers issued ahead in the backward, 0..8; default 1 */
-    ct_dtype param_dtype;  /**< all-gather dtype: CT_DTYPE_F32 (default) or CT_DTYPE_BF16 */
+    ct_dtype param_dtype;  /**< all-gather dtype: CT_DTYPE_F32 (default) or CT_DTYPE_BF16
+                                (FULL_SHARD only; the compute dtype is the model options') */
     ct_dtype reduce_dtype; /**< gradient reduction dtype: CT_DTYPE_F32 only (default) */
     double gradient_divide_factor; /**< reduced gradients are divided by it; 0 (default): the
                                         world size (gradients averaged, as FSDP2) */
@@ -106,7 +113,8 @@ typedef struct ct_fsdp ct_fsdp;
 /** Create the sharded model on every rank of comm (collective: every rank calls it with the
  *  same configuration and options). comm is borrowed (it must outlive the model); the
  *  reduce-scatter communicator and a second all-gather one are split from it. Weights are
- *  zero: call ct_fsdp_init or load them. mopt->batch is the most rows a rank passes. */
+ *  zero: call ct_fsdp_init or load them. mopt->batch is the most rows a rank passes;
+ *  mopt->dtype (f32 or bf16) is the compute dtype (see Numerics above). */
 CT_API ct_status ct_fsdp_create(ct_comm *comm, const ct_gpt_config *cfg,
                                 const ct_gpt_options *mopt, const ct_fsdp_options *opt,
                                 ct_fsdp **out);
@@ -173,6 +181,10 @@ CT_API int ct_fsdp_num_tensors(const ct_fsdp *f);
  *  clipping and AdamW on a ct_fsdp model (opaque). `opt->batch` is the GLOBAL micro-batch:
  *  rank r of N takes rows [r B / N, (r + 1) B / N); B not divisible by N is CT_EINVAL (an
  *  elastic shrink may later leave an uneven split: loss and gradients are weighted by rows).
+ *  Every row gets the one-process trainer's loss gradient, (1 / accum) / (B T), and the
+ *  reductions only sum (the trainer's model has gradient_divide_factor 1, whatever fopt
+ *  says). opt->dtype bf16 computes in bf16 (Numerics above), as ct_trainer does in one
+ *  process; checkpoints record it and stay f32.
  *  Evaluation runs on all ranks (each its rows of every held-out batch) and is averaged. */
 typedef struct ct_fsdp_trainer ct_fsdp_trainer;
 

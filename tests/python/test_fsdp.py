@@ -2,7 +2,8 @@
 with and without N ranks trains the same model (50 logged losses within 1e-5 relative, final
 weights within 1e-5 per tensor), repeated runs are bitwise identical, the launcher and mpiexec
 forms, sharded checkpoints (index, COMMITTED, latest, inspect, consolidate, resume with another
-N, a kill during a save), the per-rank memory of sharding, and bad input."""
+N, a kill during a save), the per-rank memory of sharding, bad input, and `--dtype bf16` across
+ranks against the one-process bf16 run."""
 import json
 import os
 import shutil
@@ -171,13 +172,16 @@ def test_one_rank_fsdp_is_bitwise_the_single_process_run(baseline):
         assert np.array_equal(w1[k], wn[k]), k
 
 
-@pytest.mark.parametrize("mode", ["--fsdp", "--dp"])
-def test_repeated_runs_are_bitwise(tmp_path, mode):
+@pytest.mark.parametrize("mode,dtype", [("--fsdp", "f32"), ("--dp", "f32"), ("--fsdp", "bf16"),
+                                        ("--dp", "bf16")])
+def test_repeated_runs_are_bitwise(tmp_path, mode, dtype):
     outs = []
     for i in range(2):
         out = str(tmp_path / f"r{i}")
-        ctorch("train", *TINY, "--steps", 12, "--batch", 4, "--out", out, mode, "--nproc", 2)
+        ctorch("train", *TINY, "--steps", 12, "--batch", 4, "--out", out, mode, "--nproc", 2,
+               "--dtype", dtype)
         outs.append(out)
+    assert losses(outs[0])[1][0]["dtype"] == dtype
     assert losses(outs[0])[0] == losses(outs[1])[0]
     for f in sorted(os.listdir(os.path.join(outs[0], "latest"))):
         if f.endswith(".safetensors"):
@@ -322,6 +326,113 @@ def test_resume_with_another_world_size(baseline):
     assert_same_weights(w1, w3)
 
 
+# ---- --dtype bf16 across ranks -------------------------------------------------------------
+# Each rank computes its rows as the one-process bf16 model does (the weights it gathers or
+# replicates rounded to bf16, activations and output gradients rounded at every GEMM, f32
+# accumulation, every row's loss gradient the one-process one); gradients, reductions,
+# clipping, AdamW and checkpoints stay f32. What remains of the split is f32 rounding: the
+# rows' weight gradients summed in another order (~1e-7 relative), and GEMMs whose bits for a
+# row may depend on how many rows a call has (1 ulp). bf16 can amplify either one: a value
+# that lands on the other side of a bf16 rounding boundary moves by up to 2^-9 (one element
+# among thousands), so runs that agree bitwise at step 1 may part by ~1e-5 after a few steps.
+# Measured over these 6 steps at 2 ranks: losses, gradient norms and held-out losses within
+# 8.3e-8 of the one-process bf16 run (--fsdp and --dp alike), while the f32 run is 3.0e-4
+# (losses) and 1.0e-3 (gradient norms) away. (At 3 ranks, batch 6, seed 1, where a call's 32
+# rows get other GEMM bits than 96 do, the distance grew to 2.4e-5 / 2.2e-4 / 8.9e-5.)
+# BF16_TOL = 1e-5 covers the 2-rank noise a hundredfold, and the f32 run must be at least
+# 20 x BF16_TOL away, so a run that computed in f32 fails.
+BF16_TOL = 1e-5
+BF16_RUN = [*TINY, "--steps", 6, "--batch", 4, "--eval-every", 3]
+
+
+@pytest.fixture(scope="module")
+def bf16_single(tmp_path_factory):
+    """The one-process bf16 run (and its f32 twin) the distributed bf16 runs must reproduce."""
+    d = tmp_path_factory.mktemp("fsdp_bf16")
+    one, f32 = str(d / "one"), str(d / "one-f32")
+    ctorch("train", *BF16_RUN, "--dtype", "bf16", "--out", one)
+    ctorch("train", *BF16_RUN, "--out", f32)
+    assert losses(one)[1][0]["dtype"] == "bf16"
+    return one, f32, d
+
+
+def rel_gap(a, b):
+    """Largest relative difference of the logged losses and gradient norms of two runs."""
+    ra, rb = losses(a)[1], losses(b)[1]
+    gap = 0.0
+    for key in ("loss", "grad_norm"):
+        va = [r[key] for r in ra if key in r]
+        vb = [r[key] for r in rb if key in r]
+        assert len(va) == len(vb) and va
+        gap = max(gap, max(abs(x - y) / abs(x) for x, y in zip(va, vb)))
+    return gap
+
+
+@pytest.mark.parametrize("mode,launch", [("--fsdp", "tcp"), ("--dp", "tcp"), ("--fsdp", "mpi")])
+def test_bf16_matches_the_one_process_bf16_run(bf16_single, mode, launch):
+    """2 ranks of `--dtype bf16` (tcp, and MPI through the same code): the one-process bf16
+    run's losses, gradient norms and held-out losses within BF16_TOL, its final weights within
+    BF16_TOL per tensor; the f32 run is far further (bf16 is really on)."""
+    one, f32, d = bf16_single
+    out = str(d / f"{mode[2:]}-{launch}")
+    if launch == "mpi":
+        assert mpiexec(), "mpiexec is missing (scripts/setup.sh installs MPICH)"
+        run([mpiexec(), "-n", 2, cli_path(), "train", *BF16_RUN, "--dtype", "bf16", "--out", out,
+             mode, "--backend", "mpi"], env={"ASAN_OPTIONS": "detect_leaks=0"})
+    else:
+        ctorch("train", *BF16_RUN, "--dtype", "bf16", "--out", out, mode, "--nproc", 2)
+    start = losses(out)[1][0]
+    assert start["dtype"] == "bf16" and start["param_dtype"] == "f32" and start["world_size"] == 2
+    assert_same_run(one, out, tol=BF16_TOL)
+    w1, _ = load_st(os.path.join(one, "checkpoint.safetensors"))
+    wn, meta = consolidated(out, str(d))
+    assert_same_weights(w1, wn, tol=BF16_TOL)
+    assert json.loads(meta["train"])["dtype"] == "bf16"
+    assert rel_gap(one, f32) >= 20 * BF16_TOL, rel_gap(one, f32)
+    assert rel_gap(out, f32) >= 20 * BF16_TOL
+
+
+def test_bf16_param_dtype_bf16(bf16_single):
+    """--dtype bf16 with bf16 all-gathers: the matrices' bf16 copies are the same bits as after
+    f32 gathers (rounding a bf16 value is the identity: test_dist_fsdp checks it bitwise), but
+    the embedding table, norms and biases, which bf16 compute keeps in f32, arrive rounded: the
+    run is close to the f32-gather one, not equal."""
+    one, _, d = bf16_single
+    out = str(d / "bf16-gathers")
+    ctorch("train", *BF16_RUN, "--dtype", "bf16", "--out", out, "--fsdp", "--nproc", 2,
+           "--param-dtype", "bf16")
+    assert losses(out)[1][0]["param_dtype"] == "bf16"
+    gap = rel_gap(one, out)
+    assert 0 < gap < 0.05, gap
+
+
+def test_bf16_resume_stays_bf16(bf16_single):
+    """A bf16 FSDP run stopped at step 3 and resumed (the sharded checkpoint's "train" options
+    carry the dtype) continues bit for bit as the uninterrupted 2-rank bf16 run; its resume
+    record says bf16."""
+    _, _, d = bf16_single
+    ref = str(d / "fsdp-tcp")
+    if not os.path.exists(ref):
+        ctorch("train", *BF16_RUN, "--dtype", "bf16", "--out", ref, "--fsdp", "--nproc", 2)
+    out = str(d / "bf16-resume")
+    ctorch("train", *BF16_RUN, "--dtype", "bf16", "--out", out, "--fsdp", "--nproc", 2,
+           "--stop-at", 3)
+    with open(os.path.join(out, "checkpoint-3", "index.json")) as f:
+        idx = json.load(f)
+    assert json.loads(idx["metadata"]["train"])["dtype"] == "bf16"
+    ctorch("train", "--resume", out, "--out", out, "--fsdp", "--nproc", 2, "--threads", 1,
+           "--quiet", "--eval-every", 3)
+    rows = losses(out)[1]
+    res = [r for r in rows if r.get("event") == "resume"]
+    assert len(res) == 1 and res[0]["dtype"] == "bf16" and res[0]["step"] == 3
+    assert losses(out)[0] == losses(ref)[0]
+    for f in sorted(os.listdir(os.path.join(ref, "latest"))):
+        if f.endswith(".safetensors"):
+            with open(os.path.join(ref, "latest", f), "rb") as a, \
+                    open(os.path.join(out, "latest", f), "rb") as b:
+                assert a.read() == b.read(), f
+
+
 def test_kill_during_save_leaves_previous_checkpoint(tmp_path):
     out = str(tmp_path / "kill")
     args = [cli_path(), "train", *TINY, "--steps", 400, "--batch", 4, "--out", out, "--fsdp",
@@ -400,6 +511,10 @@ def test_bad_input(tmp_path):
     assert r.returncode == 1
     r = ctorch("checkpoint", "nonsense", ok=False)
     assert r.returncode == 2
+    # bf16 all-gathers need something to gather: data parallel keeps f32 replicas
+    r = ctorch("train", *TINY, "--steps", 2, "--out", out, "--dp", "--nproc", 2, "--dtype",
+               "bf16", "--param-dtype", "bf16", ok=False)
+    assert r.returncode == 2 and "--param-dtype bf16 needs --fsdp" in r.stderr
 
 
 def run_and_kill(args, out, after_steps, victim=1):
