@@ -90,6 +90,19 @@ void ct_parallel_for_grain(int64_t n, int64_t grain, ct_parallel_fn fn, void *ct
  * scratch. */
 void ct_parallel_for_capped(int64_t n, int64_t grain, int max_threads, ct_parallel_fn fn, void *ctx);
 
+/* Streaming stores (src/core/memory.c). ct_stream_stores(bytes): whether an output of that many
+ * bytes is written with non-temporal stores: above the last-level cache's size, where it leaves
+ * the caches anyway (the read-for-ownership of each line saved). ct_stream_copy copies like
+ * memcpy with such stores; a task that used it calls ct_stream_fence before its writes are read
+ * by another thread. The bytes written are the same either way. ct_stream_set_min_bytes sets
+ * the threshold (tests: 0 streams everything) and returns the old one. */
+bool ct_stream_stores(size_t bytes);
+void ct_stream_copy(void *dst, const void *src, size_t n);
+void ct_stream_fence(void);
+size_t ct_stream_set_min_bytes(size_t bytes);
+/* The rows a task computes into an L1-sized buffer before streaming them out. */
+#define CT_STREAM_TILE_BYTES 16384
+
 /* A device buffer (ctorch/device.h; made by src/device/device.c). Core reads only where it lives,
  * so that tensors over buffers need nothing of the device layer above it. */
 struct ct_buffer {

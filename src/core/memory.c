@@ -3,9 +3,15 @@
  * its size. */
 #include "core/internal.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#if defined(__x86_64__) || defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #define CT_ALIGN 64
 
@@ -84,4 +90,74 @@ void ct_memory_reset_peak(void)
 void ct_memory_set_limit(size_t bytes)
 {
     atomic_store(&mem_limit, bytes);
+}
+
+/* ---- streaming stores ----------------------------------------------------------------------
+ * An output bigger than the last-level cache leaves the caches anyway: writing it with
+ * non-temporal stores skips the read-for-ownership of every line (a third of a streaming
+ * kernel's traffic for one input and one output). The stores write the same bytes, so the
+ * results are the same bits either way. */
+
+static pthread_once_t stream_once = PTHREAD_ONCE_INIT;
+static _Atomic size_t stream_min = SIZE_MAX;
+
+static void stream_init(void)
+{
+    long llc = -1;
+#if defined(_SC_LEVEL3_CACHE_SIZE)
+    llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+#if defined(_SC_LEVEL2_CACHE_SIZE)
+    if (llc <= 0) llc = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+    /* at most 32 MiB: a core sees its own slice of a split L3 (a Zen CCX: 32 MiB), while sysconf
+     * may give the whole socket's (256 MiB on an 8-CCD EPYC); unknown: 32 MiB */
+    size_t cap = (size_t)32 << 20;
+    size_t v = llc > 0 && (size_t)llc < cap ? (size_t)llc : cap;
+    size_t expect = SIZE_MAX; /* ct_stream_set_min_bytes before the first use wins */
+    atomic_compare_exchange_strong(&stream_min, &expect, v);
+}
+
+bool ct_stream_stores(size_t bytes)
+{
+    pthread_once(&stream_once, stream_init);
+    return bytes > atomic_load_explicit(&stream_min, memory_order_relaxed);
+}
+
+size_t ct_stream_set_min_bytes(size_t bytes)
+{
+    pthread_once(&stream_once, stream_init);
+    return atomic_exchange(&stream_min, bytes);
+}
+
+void ct_stream_copy(void *dst, const void *src, size_t n)
+{
+#if defined(__x86_64__) || defined(__SSE2__)
+    unsigned char *d = dst;
+    const unsigned char *s = src;
+    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+    if (head > n) head = n;
+    memcpy(d, s, head);
+    d += head, s += head, n -= head;
+    for (; n >= 64; n -= 64, d += 64, s += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)s), b = _mm_loadu_si128((const __m128i *)(s + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(s + 32)), e = _mm_loadu_si128((const __m128i *)(s + 48));
+        _mm_stream_si128((__m128i *)d, a);
+        _mm_stream_si128((__m128i *)(d + 16), b);
+        _mm_stream_si128((__m128i *)(d + 32), c);
+        _mm_stream_si128((__m128i *)(d + 48), e);
+    }
+    for (; n >= 16; n -= 16, d += 16, s += 16)
+        _mm_stream_si128((__m128i *)d, _mm_loadu_si128((const __m128i *)s));
+    memcpy(d, s, n);
+#else
+    memcpy(dst, src, n);
+#endif
+}
+
+void ct_stream_fence(void)
+{
+#if defined(__x86_64__) || defined(__SSE2__)
+    _mm_sfence();
+#endif
 }

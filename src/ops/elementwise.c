@@ -69,17 +69,17 @@ typedef struct {
     const void *a, *b; /* operands; for OP_ACT_BWD a = dout, b = inp */
     float alpha;
     int64_t n;
+    bool nt; /* out streamed (ct_stream_stores) */
 } ew_ctx;
 
-static void ew_body(void *arg, int64_t b0, int64_t b1, int tid)
+#define EW_STREAM_ELTS (CT_STREAM_TILE_BYTES / 4) /* elements buffered before streaming out */
+
+/* Elements [i0, i0 + m) of the operation, written to o. */
+static void ew_range(const ew_ctx *c, void *o, int64_t i0, int64_t m)
 {
-    const ew_ctx *c = arg;
-    int64_t i0 = b0 * EW_BLOCK, i1 = b1 * EW_BLOCK < c->n ? b1 * EW_BLOCK : c->n;
     size_t es = c->bf ? 2 : 4;
-    void *o = (unsigned char *)c->out + (size_t)i0 * es;
     const void *a = (const unsigned char *)c->a + (size_t)i0 * es;
     const void *b = c->b ? (const unsigned char *)c->b + (size_t)i0 * es : NULL;
-    int64_t m = i1 - i0;
     float *of = o;
     const float *af = a, *bfp = b;
     switch (c->op) {
@@ -104,8 +104,29 @@ static void ew_body(void *arg, int64_t b0, int64_t b1, int tid)
     }
 }
 
+/* A task's blocks: written directly, or (c->nt) computed a piece at a time into an L1-sized
+ * buffer streamed out (the same bytes). */
+static void ew_body(void *arg, int64_t b0, int64_t b1, int tid)
+{
+    const ew_ctx *c = arg;
+    int64_t i0 = b0 * EW_BLOCK, i1 = b1 * EW_BLOCK < c->n ? b1 * EW_BLOCK : c->n;
+    size_t es = c->bf ? 2 : 4;
+    if (!c->nt) {
+        ew_range(c, (unsigned char *)c->out + (size_t)i0 * es, i0, i1 - i0);
+        return;
+    }
+    _Alignas(64) float buf[EW_STREAM_ELTS];
+    for (int64_t i = i0; i < i1; i += EW_STREAM_ELTS) {
+        int64_t m = i1 - i < EW_STREAM_ELTS ? i1 - i : EW_STREAM_ELTS;
+        ew_range(c, buf, i, m);
+        ct_stream_copy((unsigned char *)c->out + (size_t)i * es, buf, (size_t)m * es);
+    }
+    ct_stream_fence();
+}
+
 static void ew_run(ew_ctx *c)
 {
+    c->nt = ct_stream_stores((size_t)c->n * (c->bf ? 2 : 4));
     ct_parallel_for((c->n + EW_BLOCK - 1) / EW_BLOCK, ew_body, c);
 }
 
@@ -118,7 +139,7 @@ ct_status ct_add(float *out, const float *a, const float *b, int64_t n)
     CT_TRY(check_ptr(fn, "out", out, n));
     CT_TRY(check_ptr(fn, "a", a, n));
     CT_TRY(check_ptr(fn, "b", b, n));
-    ew_ctx c = {OP_ADD, 0, 0, out, a, b, 0.0f, n};
+    ew_ctx c = {OP_ADD, 0, 0, out, a, b, 0.0f, n, false};
     ew_run(&c);
     return CT_OK;
 }
@@ -130,7 +151,7 @@ ct_status ct_mul(float *out, const float *a, const float *b, int64_t n)
     CT_TRY(check_ptr(fn, "out", out, n));
     CT_TRY(check_ptr(fn, "a", a, n));
     CT_TRY(check_ptr(fn, "b", b, n));
-    ew_ctx c = {OP_MUL, 0, 0, out, a, b, 0.0f, n};
+    ew_ctx c = {OP_MUL, 0, 0, out, a, b, 0.0f, n, false};
     ew_run(&c);
     return CT_OK;
 }
@@ -141,7 +162,7 @@ ct_status ct_scale(float *out, const float *a, float alpha, int64_t n)
     CT_TRY(check_n(fn, "n", n));
     CT_TRY(check_ptr(fn, "out", out, n));
     CT_TRY(check_ptr(fn, "a", a, n));
-    ew_ctx c = {OP_SCALE, 0, 0, out, a, NULL, alpha, n};
+    ew_ctx c = {OP_SCALE, 0, 0, out, a, NULL, alpha, n, false};
     ew_run(&c);
     return CT_OK;
 }
@@ -154,7 +175,7 @@ static ct_status act_forward(const char *fn, int kind, int bf, void *out, const 
     CT_TRY(check_n(fn, "n", n));
     CT_TRY(check_ptr(fn, "out", out, n));
     CT_TRY(check_ptr(fn, "inp", inp, n));
-    ew_ctx c = {OP_ACT_FWD, kind, bf, out, inp, NULL, 0.0f, n};
+    ew_ctx c = {OP_ACT_FWD, kind, bf, out, inp, NULL, 0.0f, n, false};
     ew_run(&c);
     return CT_OK;
 }
@@ -166,7 +187,7 @@ static ct_status act_backward(const char *fn, int kind, int bf, void *dinp, cons
     CT_TRY(check_ptr(fn, "dinp", dinp, n));
     CT_TRY(check_ptr(fn, "dout", dout, n));
     CT_TRY(check_ptr(fn, "inp", inp, n));
-    ew_ctx c = {OP_ACT_BWD, kind, bf, dinp, dout, inp, 0.0f, n};
+    ew_ctx c = {OP_ACT_BWD, kind, bf, dinp, dout, inp, 0.0f, n, false};
     ew_run(&c);
     return CT_OK;
 }

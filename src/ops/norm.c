@@ -57,6 +57,7 @@ typedef struct {
     const float *smean, *srstd; /* backward inputs */
     float *pw, *pb;             /* backward partials [K, C] or NULL */
     float *dweight, *dbias;
+    bool nt; /* out streamed (ct_stream_stores): rows computed into a buffer, then copied out */
 } norm_ctx;
 
 typedef void (*rows_fn)(const norm_ctx *c, int64_t r0, int64_t r1, float *pw, float *pb);
@@ -73,10 +74,47 @@ typedef struct {
     rows_fn fn;
 } run_ctx;
 
+#define NORM_STREAM_ROW_MAX 65536 /* bytes of one row that a streamed task buffers */
+
+/* Whether out [N, C] is streamed, and rows [r0, r1) of it: directly, or (c->nt) a few rows at
+ * a time into an L1-sized buffer copied out with streaming stores (the same bytes). */
+static bool stream_out(const norm_ctx *c)
+{
+    size_t row = (size_t)c->C * (c->bf ? 2 : 4);
+    return row <= NORM_STREAM_ROW_MAX && ct_stream_stores(row * (size_t)c->N);
+}
+
+static void rows_call(const norm_ctx *c, rows_fn fn, int64_t r0, int64_t r1, float *pw, float *pb)
+{
+    if (!c->nt) {
+        fn(c, r0, r1, pw, pb);
+        return;
+    }
+    _Alignas(64) unsigned char buf[NORM_STREAM_ROW_MAX];
+    size_t es = c->bf ? 2 : 4, row = (size_t)c->C * es;
+    int64_t per = CT_STREAM_TILE_BYTES / (int64_t)row;
+    if (per < 1) per = 1;
+    for (int64_t r = r0; r < r1; r += per) {
+        int64_t k = r1 - r < per ? r1 - r : per;
+        norm_ctx t = *c; /* rows [r, r + k) as rows [0, k) of shifted arrays */
+        size_t off = (size_t)r * row;
+        t.out = buf;
+        t.inp = (const unsigned char *)c->inp + off;
+        if (c->dout) t.dout = (const unsigned char *)c->dout + off;
+        if (c->mean) t.mean = c->mean + r;
+        if (c->rstd) t.rstd = c->rstd + r;
+        if (c->smean) t.smean = c->smean + r;
+        if (c->srstd) t.srstd = c->srstd + r;
+        fn(&t, 0, k, pw, pb);
+        ct_stream_copy((unsigned char *)c->out + off, buf, (size_t)k * row);
+    }
+    ct_stream_fence();
+}
+
 static void run_rows_body(void *arg, int64_t r0, int64_t r1, int tid)
 {
     const run_ctx *rc = arg;
-    rc->fn(rc->c, r0, r1, NULL, NULL);
+    rows_call(rc->c, rc->fn, r0, r1, NULL, NULL);
 }
 
 static void run_chunks_body(void *arg, int64_t k0, int64_t k1, int tid)
@@ -86,7 +124,7 @@ static void run_chunks_body(void *arg, int64_t k0, int64_t k1, int tid)
     for (int64_t k = k0; k < k1; k++) {
         float *pw = c->pw ? c->pw + k * c->C : NULL;
         float *pb = c->pb ? c->pb + k * c->C : NULL;
-        rc->fn(c, chunk_start(c->N, c->K, k), chunk_start(c->N, c->K, k + 1), pw, pb);
+        rows_call(c, rc->fn, chunk_start(c->N, c->K, k), chunk_start(c->N, c->K, k + 1), pw, pb);
     }
 }
 
@@ -123,6 +161,7 @@ static ct_status run_backward(norm_ctx *c, rows_fn fn)
 {
     run_ctx rc = {c, fn};
     if (c->N == 0) return CT_OK;
+    c->nt = stream_out(c);
     if (!c->dweight && !c->dbias) {
         ct_parallel_for(c->N, run_rows_body, &rc);
         return CT_OK;
@@ -145,6 +184,7 @@ static ct_status run_backward(norm_ctx *c, rows_fn fn)
 static void run_rows_fwd(norm_ctx *c, rows_fn fn)
 {
     run_ctx rc = {c, fn};
+    c->nt = c->N > 0 && stream_out(c);
     ct_parallel_for(c->N, run_rows_body, &rc);
 }
 

@@ -3,6 +3,10 @@
  * edge sizes, in-place use, thread-count determinism and bad arguments. */
 #include "test_util.h"
 
+#include "core/internal.h"
+
+#include <stdint.h>
+
 #define NMAX 1200
 
 static const int64_t sizes[] = {0, 1, 2, 7, 8, 9, 15, 16, 17, 33, 1000};
@@ -329,6 +333,73 @@ static void test_bad_args(void)
     CHECK_OK(ct_swiglu_forward(NULL, NULL, 5, 0));
 }
 
+/* Outputs bigger than the last-level cache are streamed out through a buffer (src/core/memory.c,
+ * elementwise.c): the same bits as plain stores for every op, f32 and bf16, sizes around the
+ * buffer and task blocks, misaligned and in-place outputs, 1 and 2 threads (threshold 0 against
+ * SIZE_MAX). */
+static void ew_op(int op, int bf, int inplace, int64_t n, const float *a, const float *b, const uint16_t *ah,
+                  const uint16_t *bh, unsigned char *out)
+{
+    size_t es = bf ? 2 : 4;
+    const void *x = bf ? (const void *)ah : (const void *)a, *y = bf ? (const void *)bh : (const void *)b;
+    if (inplace) {
+        memcpy(out, x, (size_t)n * es);
+        x = out;
+    }
+    float *o = (float *)out;
+    uint16_t *oh = (uint16_t *)out;
+    switch (op) {
+    case 0: CHECK_OK(bf ? ct_silu_forward_bf16(oh, x, n) : ct_silu_forward(o, x, n)); break;
+    case 1: CHECK_OK(bf ? ct_silu_backward_bf16(oh, x, y, n) : ct_silu_backward(o, x, y, n)); break;
+    case 2:
+        CHECK_OK(bf ? ct_gelu_forward_bf16(oh, x, n, CT_GELU_TANH) : ct_gelu_forward(o, x, n, CT_GELU_NONE));
+        break;
+    case 3: CHECK_OK(bf ? ct_gelu_backward_bf16(oh, x, y, n, CT_GELU_NONE) : ct_gelu_backward(o, x, y, n, CT_GELU_TANH)); break;
+    case 4: CHECK_OK(ct_add(o, x, y, n)); break; /* f32 only */
+    case 5: CHECK_OK(ct_mul(o, x, y, n)); break;
+    default: CHECK_OK(ct_scale(o, x, 0.75f, n)); break;
+    }
+}
+
+static void test_stream_stores(void)
+{
+    static const int64_t ns[] = {1, 5, 4096 + 3, 16384, 16384 * 3 + 11};
+    int saved = ct_num_threads();
+    size_t saved_min = ct_stream_set_min_bytes(SIZE_MAX);
+    for (size_t si = 0; si < sizeof ns / sizeof ns[0]; si++) {
+        int64_t n = ns[si];
+        float *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
+        uint16_t *ah = malloc((size_t)n * 2), *bh = malloc((size_t)n * 2);
+        t_fill(a, (size_t)n, -4.0f, 4.0f), t_fill(b, (size_t)n, -1.0f, 1.0f);
+        ct_convert_f32_to_bf16(ah, a, (size_t)n), ct_convert_f32_to_bf16(bh, b, (size_t)n);
+        for (int op = 0; op < 7; op++)
+            for (int bf = 0; bf < (op < 4 ? 2 : 1); bf++)
+                for (int inplace = 0; inplace < 2; inplace++) {
+                    unsigned char *o[3];
+                    size_t bytes = (size_t)n * (bf ? 2 : 4);
+                    for (int v = 0; v < 3; v++) {
+                        o[v] = calloc(1, bytes + 64);
+                        ct_stream_set_min_bytes(v ? 0 : SIZE_MAX);
+                        CHECK_OK(ct_set_num_threads(v == 2 ? 2 : 1));
+                        ew_op(op, bf, inplace, n, a, b, ah, bh, o[v] + 4); /* misaligned by 4 bytes */
+                    }
+                    ct_stream_set_min_bytes(SIZE_MAX);
+                    for (int v = 1; v < 3; v++) {
+                        int same = !memcmp(o[0], o[v], bytes + 64);
+                        if (!same)
+                            printf("  streamed op %d%s n=%lld%s at %d thread(s) differs from plain stores\n", op,
+                                   bf ? " bf16" : "", (long long)n, inplace ? " in place" : "", v);
+                        CHECK(same);
+                    }
+                    for (int v = 0; v < 3; v++)
+                        free(o[v]);
+                }
+        free(a), free(b), free(ah), free(bh);
+    }
+    ct_stream_set_min_bytes(saved_min);
+    CHECK_OK(ct_set_num_threads(saved));
+}
+
 int main(void)
 {
     for (int i = 0; i < CT_ISA_COUNT; i++) { /* every instruction set this CPU has */
@@ -344,6 +415,7 @@ int main(void)
     test_swiglu();
     test_arith();
     test_threads();
+    test_stream_stores();
     test_bad_args();
     return t_report("test_ops_elementwise");
 }

@@ -3,6 +3,10 @@
  * bitwise determinism across thread counts (weight gradients included), bad arguments. */
 #include "test_util.h"
 
+#include "core/internal.h"
+
+#include <stdint.h>
+
 static ct_isa isas[CT_ISA_COUNT];
 static int n_isas;
 
@@ -297,6 +301,93 @@ static void test_threads(void)
     CHECK_OK(ct_set_num_threads(saved));
 }
 
+/* Outputs bigger than the last-level cache are written with streaming stores, through a
+ * buffer (src/core/memory.c, norm.c): the same bits as plain stores, for rows narrower and
+ * wider than the buffer, misaligned outputs, in-place use, bf16, and 1 or 2 threads. The
+ * threshold is set to 0 (everything streamed) against SIZE_MAX (nothing). */
+static void norm_pass(int kind, int bf, int64_t N, int64_t C, int inplace, const float *x, const float *w,
+                      const float *b, const float *g, unsigned char *out, unsigned char *dx, float *mean,
+                      float *rstd, float *dw, float *db)
+{
+    size_t es = bf ? 2 : 4, nc = (size_t)(N * C);
+    uint16_t *xh = malloc(nc * 2 + 2), *gh = malloc(nc * 2 + 2), *wh = malloc((size_t)C * 2), *bh = malloc((size_t)C * 2);
+    ct_convert_f32_to_bf16(xh, x, nc), ct_convert_f32_to_bf16(gh, g, nc);
+    ct_convert_f32_to_bf16(wh, w, (size_t)C), ct_convert_f32_to_bf16(bh, b, (size_t)C);
+    for (int64_t k = 0; k < C; k++)
+        dw[k] = db[k] = 0.25f;
+    const void *in = bf ? (const void *)xh : (const void *)x, *gin = bf ? (const void *)gh : (const void *)g;
+    if (inplace) { /* out is inp, dinp is dout */
+        memcpy(out, in, nc * es);
+        memcpy(dx, gin, nc * es);
+        in = out;
+    }
+    const void *go = inplace ? dx : gin;
+    if (!bf && kind == 0) {
+        CHECK_OK(ct_rmsnorm_forward((float *)out, rstd, in, w, N, C, 1e-5f));
+        CHECK_OK(ct_rmsnorm_backward((float *)dx, dw, go, inplace ? x : in, w, rstd, N, C));
+    } else if (!bf) {
+        CHECK_OK(ct_layernorm_forward((float *)out, mean, rstd, in, w, b, N, C, 1e-5f));
+        CHECK_OK(ct_layernorm_backward((float *)dx, dw, db, go, inplace ? x : in, w, mean, rstd, N, C));
+    } else if (kind == 0) {
+        CHECK_OK(ct_rmsnorm_forward_bf16((uint16_t *)out, rstd, in, wh, N, C, 1e-5f));
+        CHECK_OK(ct_rmsnorm_backward_bf16((uint16_t *)dx, dw, go, inplace ? xh : in, wh, rstd, N, C));
+    } else {
+        CHECK_OK(ct_layernorm_forward_bf16((uint16_t *)out, mean, rstd, in, wh, bh, N, C, 1e-5f));
+        CHECK_OK(ct_layernorm_backward_bf16((uint16_t *)dx, dw, db, go, inplace ? xh : in, wh, mean, rstd, N, C));
+    }
+    free(xh), free(gh), free(wh), free(bh);
+}
+
+static void test_stream_stores(void)
+{
+    static const int64_t shapes[][2] = {{5, 1}, {7, 3}, {33, 37}, {9, 2048}, {3, 5000}, {2, 20000}, {70, 300}};
+    int saved = ct_num_threads();
+    size_t saved_min = ct_stream_set_min_bytes(SIZE_MAX);
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int64_t N = shapes[si][0], C = shapes[si][1];
+        size_t nc = (size_t)(N * C);
+        float *x = malloc(nc * 4), *g = malloc(nc * 4), *w = malloc((size_t)C * 4), *b = malloc((size_t)C * 4);
+        t_fill(x, nc, -2.0f, 2.0f), t_fill(g, nc, -1.0f, 1.0f);
+        t_fill(w, (size_t)C, 0.5f, 1.5f), t_fill(b, (size_t)C, -0.5f, 0.5f);
+        for (int kind = 0; kind < 2; kind++)
+            for (int bf = 0; bf < 2; bf++)
+                for (int inplace = 0; inplace < 2; inplace++) {
+                    /* [0]: plain stores; [1], [2]: streamed at 1 and 2 threads; outputs 4 bytes
+                     * past an aligned block (misaligned for the 16-byte streaming stores) */
+                    unsigned char *ob[3], *db_[3];
+                    float *mean[3], *rstd[3], *dw[3], *dbias[3];
+                    for (int v = 0; v < 3; v++) {
+                        ob[v] = malloc(nc * 4 + 64), db_[v] = malloc(nc * 4 + 64);
+                        memset(ob[v], 0, nc * 4 + 64), memset(db_[v], 0, nc * 4 + 64);
+                        mean[v] = calloc((size_t)N, 4), rstd[v] = calloc((size_t)N, 4);
+                        dw[v] = calloc((size_t)C, 4), dbias[v] = calloc((size_t)C, 4);
+                        ct_stream_set_min_bytes(v ? 0 : SIZE_MAX);
+                        CHECK_OK(ct_set_num_threads(v == 2 ? 2 : 1));
+                        norm_pass(kind, bf, N, C, inplace, x, w, b, g, ob[v] + 4, db_[v] + 4, mean[v], rstd[v],
+                                  dw[v], dbias[v]);
+                    }
+                    ct_stream_set_min_bytes(SIZE_MAX);
+                    size_t es = bf ? 2 : 4;
+                    for (int v = 1; v < 3; v++) {
+                        int same = !memcmp(ob[0], ob[v], nc * es + 8) && !memcmp(db_[0], db_[v], nc * es + 8) &&
+                                   !memcmp(rstd[0], rstd[v], (size_t)N * 4) && !memcmp(dw[0], dw[v], (size_t)C * 4) &&
+                                   (kind == 0 || (!memcmp(mean[0], mean[v], (size_t)N * 4) &&
+                                                  !memcmp(dbias[0], dbias[v], (size_t)C * 4)));
+                        if (!same)
+                            printf("  streamed %s%s N=%lld C=%lld%s at %d thread(s) differs from plain stores\n",
+                                   kind ? "layernorm" : "rmsnorm", bf ? " bf16" : "", (long long)N, (long long)C,
+                                   inplace ? " in place" : "", v);
+                        CHECK(same);
+                    }
+                    for (int v = 0; v < 3; v++)
+                        free(ob[v]), free(db_[v]), free(mean[v]), free(rstd[v]), free(dw[v]), free(dbias[v]);
+                }
+        free(x), free(g), free(w), free(b);
+    }
+    ct_stream_set_min_bytes(saved_min);
+    CHECK_OK(ct_set_num_threads(saved));
+}
+
 static void test_norm_bad_args(void)
 {
     float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y[8], r[2], m[2];
@@ -453,6 +544,7 @@ int main(void)
     test_norms_bf16();
     test_scalar_vs_vector();
     test_threads();
+    test_stream_stores();
     test_norm_bad_args();
     test_rope();
     return t_report("test_ops_norm");
