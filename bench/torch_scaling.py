@@ -19,6 +19,8 @@ Cases (shapes come from the CLI; --tiny's defaults below match `ctorch bench sca
   rmsnorm              F.rms_norm forward + backward (input and weight gradients), compiled
   swiglu               silu(a) * b of inp = [a | b] forward + backward, compiled
   adamw                torch.optim.AdamW(fused=True) step over one flat f32 parameter
+  add                  torch.add(a, b, out=o) over n f32 values: the memory system's own
+                       scaling (STREAM's add), the ceiling of the memory-bound rows
   train_step           bench/torch_train.py's SdpaGPT from ctorch's weights file (--weights):
                        forward, backward, clipping, AdamW, the model under torch.compile
 
@@ -248,6 +250,14 @@ def case_adamw(r):
             "seconds": secs, "first_call_s": first}
 
 
+def case_add(r):
+    n = r.a.add
+    a, b, o = torch.randn(n), torch.randn(n), torch.empty(n)
+    secs, first = r.per_threads(lambda: (lambda: torch.add(a, b, out=o)))
+    return {"op": "torch.add(a, b, out=o) over %d f32 values" % n, "mode": "eager", "seconds": secs,
+            "first_call_s": first}
+
+
 def case_train(r):
     import torch_train as tt
 
@@ -276,7 +286,7 @@ def case_train(r):
             "tokens": int(tokens.shape[0] * (tokens.shape[1] - 1))}
 
 
-CASES = ("gemm_f32", "gemm_bf16", "lce", "flex_fwd", "flex_bwd", "rmsnorm", "swiglu", "adamw", "train_step")
+CASES = ("gemm_f32", "gemm_bf16", "lce", "flex_fwd", "flex_bwd", "rmsnorm", "swiglu", "adamw", "add", "train_step")
 
 
 def main():
@@ -293,6 +303,7 @@ def main():
     p.add_argument("--rmsnorm", type=ints, default=[256, 128], help="N,C")
     p.add_argument("--swiglu", type=ints, default=[256, 128], help="N,H (inp [N, 2H])")
     p.add_argument("--adamw", type=int, default=1 << 16)
+    p.add_argument("--add", type=int, default=1 << 16, help="values of each add operand")
     p.add_argument("--weights", default=None, help="train_step: the weights file ctorch wrote")
     a = p.parse_args()
     torch.manual_seed(0)
@@ -300,7 +311,7 @@ def main():
     run = {"gemm_f32": lambda: case_gemm(r, torch.float32), "gemm_bf16": lambda: case_gemm(r, torch.bfloat16),
            "lce": lambda: case_lce(r), "flex_fwd": lambda: case_flex(r, False),
            "flex_bwd": lambda: case_flex(r, True), "rmsnorm": lambda: case_rmsnorm(r),
-           "swiglu": lambda: case_swiglu(r), "adamw": lambda: case_adamw(r), "train_step": lambda: case_train(r)}
+           "swiglu": lambda: case_swiglu(r), "adamw": lambda: case_adamw(r), "add": lambda: case_add(r), "train_step": lambda: case_train(r)}
     out = tc.header(r.mode())
     out["threads"] = a.threads
     out["compile"] = r.compile

@@ -20,6 +20,7 @@ typedef struct sc_shapes {
     long long rms_n, rms_c;            /* RMSNorm [N, C] */
     long long swi_n, swi_h;            /* SwiGLU inp [N, 2H] -> [N, H] */
     long long adamw;                   /* AdamW parameter count */
+    long long add;                     /* values of each ct_add operand */
     bench_train_conf train;            /* the training step's model and batch */
 } sc_shapes;
 
@@ -40,6 +41,7 @@ static sc_shapes shapes_default(bool tiny)
         s.rms_n = 8192, s.rms_c = 2048;
         s.swi_n = 4096, s.swi_h = 2048;
         s.adamw = GPT2_SMALL_PARAMS;
+        s.add = 1LL << 26; /* 256 MiB an operand: far past any cache */
         return s;
     }
     s.gemm = 256;
@@ -48,6 +50,7 @@ static sc_shapes shapes_default(bool tiny)
     s.rms_n = 256, s.rms_c = 128;
     s.swi_n = 256, s.swi_h = 128;
     s.adamw = 1 << 16;
+    s.add = 1 << 16;
     s.train.batch = 1;
     s.train.cfg.context = 64;
     s.train.cfg.window = 32;
@@ -265,6 +268,23 @@ static ct_status run_adamw(void *p)
     return ct_adamw_step(st->p, st->g, st->m1, st->m2, st->sh->adamw, ++st->step, &o);
 }
 
+static ct_status setup_add(sc_state *st)
+{
+    ct_status s = CT_OK;
+    size_t n = (size_t)st->sh->add;
+    st->p = sc_filled(n, 51, 1.0f, &s);
+    st->g = sc_filled(n, 52, 1.0f, &s);
+    st->m1 = sc_alloc(n * 4, &s);
+    if (s == CT_OK) memset(st->m1, 0, n * 4); /* the pages touched before the timing */
+    return s;
+}
+
+static ct_status run_add(void *p)
+{
+    sc_state *st = p;
+    return ct_add(st->m1, st->p, st->g, st->sh->add);
+}
+
 static ct_status setup_train(sc_state *st)
 {
     const bench_train_conf *c = &st->sh->train;
@@ -317,7 +337,7 @@ static const sc_case cases[] = {
     {"lce", setup_lce, run_lce},                  {"flex_fwd", setup_flex, run_flex_fwd},
     {"flex_bwd", setup_flex, run_flex_bwd},       {"rmsnorm", setup_rmsnorm, run_rmsnorm},
     {"swiglu", setup_swiglu, run_swiglu},         {"adamw", setup_adamw, run_adamw},
-    {"train_step", setup_train, run_train},
+    {"add", setup_add, run_add},                  {"train_step", setup_train, run_train},
 };
 #define SC_CASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -349,6 +369,12 @@ static void describe(int ci, const sc_shapes *sh, char *buf, size_t cap)
     case 7:
         snprintf(buf, cap, "AdamW step over %lld f32 parameters%s", sh->adamw,
                  sh->adamw == GPT2_SMALL_PARAMS ? " (GPT-2 small)" : "");
+        break;
+    case 8:
+        snprintf(buf, cap,
+                 "ct_add over %lld f32 values (12 bytes a value: the memory system's own scaling, the ceiling "
+                 "of the memory-bound rows)",
+                 sh->add);
         break;
     default:
         snprintf(buf, cap,
@@ -482,6 +508,8 @@ static void usage(void)
          "  rmsnorm     RMSNorm fwd + bwd [8192, 2048]        vs compiled F.rms_norm\n"
          "  swiglu      SwiGLU fwd + bwd inp [4096, 4096]     vs compiled F.silu(a) * b\n"
          "  adamw       AdamW step over GPT-2 small's 124,439,808 parameters vs AdamW(fused=True)\n"
+         "  add         ct_add over 2^26 f32 values (STREAM's add: the memory system's own scaling,\n"
+         "              the ceiling of the memory-bound rows) vs torch.add(a, b, out=o)\n"
          "  train_step  one step of the default `ctorch train` model (B 2, T 512, window 128; fused\n"
          "              loss + flex) vs bench/torch_train.py's compiled SdpaGPT from the same weights\n"
          "--tiny: small shapes of every case and eager PyTorch (a smoke run of seconds).\n"
@@ -579,7 +607,7 @@ int bench_scaling(bench_ctx *b, int argc, char **argv)
 
     /* PyTorch 2.13: the same cases, shapes and thread counts in one process */
     char tl[SC_MAX_THREADS * 5 + 1] = "", cl[256] = "", sr[16], sg[32], slce[96], sflex[160], srms[64], sswi[64],
-                                          sad[32];
+                                          sad[32], sadd[32];
     for (int t = 0; t < nt; t++)
         snprintf(tl + strlen(tl), sizeof tl - strlen(tl), "%s%d", t ? "," : "", threads[t]);
     for (int ci = 0; ci < SC_CASES; ci++)
@@ -591,10 +619,11 @@ int bench_scaling(bench_ctx *b, int argc, char **argv)
     snprintf(srms, sizeof srms, "%lld,%lld", sh.rms_n, sh.rms_c);
     snprintf(sswi, sizeof sswi, "%lld,%lld", sh.swi_n, sh.swi_h);
     snprintf(sad, sizeof sad, "%lld", sh.adamw);
+    snprintf(sadd, sizeof sadd, "%lld", sh.add);
     char *pa[32] = {"--threads", tl,      "--repeats", sr,    "--cases",  cl,   "--gemm",  sg,
                     "--lce",     slce,    "--flex",    sflex, "--rmsnorm", srms, "--swiglu", sswi,
-                    "--adamw",   sad,     NULL};
-    int np = 18;
+                    "--adamw",   sad,     "--add",     sadd,  NULL};
+    int np = 20;
     if (*wpath) pa[np++] = "--weights", pa[np++] = wpath;
     if (no_compile) pa[np++] = "--no-compile";
     pa[np] = NULL;
@@ -660,6 +689,12 @@ int bench_scaling(bench_ctx *b, int argc, char **argv)
         if (flops > 0) {
             json_object_set_new(o, "gflops", jarr_dbl(gfl, nt));
             json_object_set_new(o, "fraction_of_fma", jarr_dbl(frac, nt));
+        }
+        if (!strcmp(cases[ci].name, "add")) { /* two operands read, one written */
+            double gbs[SC_MAX_THREADS];
+            for (int t = 0; t < nt; t++)
+                gbs[t] = 12.0 * (double)sh.add / sec[ci][t] * 1e-9;
+            json_object_set_new(o, "gbytes_per_s", jarr_dbl(gbs, nt));
         }
         if (ci == SC_CASES - 1) {
             double tok = (double)sh.train.batch * (double)sh.train.cfg.context, tps[SC_MAX_THREADS];

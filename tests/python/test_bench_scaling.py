@@ -11,7 +11,7 @@ import pytest
 
 from conftest import ctorch  # noqa: E402
 
-CASES = ["gemm_f32", "gemm_bf16", "lce", "flex_fwd", "flex_bwd", "rmsnorm", "swiglu", "adamw", "train_step"]
+CASES = ["gemm_f32", "gemm_bf16", "lce", "flex_fwd", "flex_bwd", "rmsnorm", "swiglu", "adamw", "add", "train_step"]
 LISTS = ["threads", "seconds", "speedup", "efficiency", "torch_seconds", "torch_speedup"]
 
 
@@ -62,6 +62,9 @@ def test_torch_beside_each_case(tiny):
         assert lce["torch_seconds"][i] == min(v["seconds"][i] for v in lce["torch_variants"].values())
         assert lce["torch_variants"][best]["seconds"][i] == lce["torch_seconds"][i]
     assert tiny["cases"]["train_step"]["tokens_per_s"][0] > 0
+    add = tiny["cases"]["add"]  # the memory reference row: 12 bytes a value over its time
+    n = int(add["what"].split("over ")[1].split()[0])
+    assert add["gbytes_per_s"] == pytest.approx([12 * n / s * 1e-9 for s in add["seconds"]], rel=1e-6)
 
 
 def test_machine(tiny):
