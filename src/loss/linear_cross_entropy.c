@@ -13,8 +13,9 @@
  * and a step is three GEMMs; otherwise four (the logits twice). The tiling favours big token
  * blocks (the weight gradient crosses memory once per block) and tiles wide enough that every
  * GEMM (nb x vt x D) splits well over the threads (lce_tiling_choose).
- * bf16 operands are converted to f32 in blocks (h per token block, W per block of wsub rows),
- * never as a whole [V, D] copy. Row kernels run in parallel over rows (each row
+ * bf16 operands go to the GEMMs as they are (ct_gemm_mixed: ctorch's GEMM widens them while it
+ * packs its panels; the logits' gradient G is f32): nothing is converted ahead, no [V, D] copy
+ * and no conversion buffer takes a share of the budget. Row kernels run in parallel over rows (each row
  * independent), bias sums over columns (rows in order), the GEMMs are deterministic and
  * every sum has a fixed order: results are the same bits for any thread count.
  */
@@ -40,12 +41,9 @@ typedef struct lce {
     ce_plan p;
     const ct_lce_inputs *in;
     bool bf16;
-    int64_t nb, vt, wsub; /* token block rows, vocabulary tile columns (L's row stride), bf16 W rows */
+    int64_t nb, vt;       /* token block rows, vocabulary tile columns (L's row stride) */
     float *scratch;
     float *L;             /* [nb, vt] */
-    float *hbuf;          /* [nb, D] (bf16 only) */
-    float *wbuf;          /* [wsub, D] (bf16 only) */
-    int64_t wbuf_s0, wbuf_sw; /* the W rows wbuf holds (sw 0: none) */
     ce_row *rows;         /* [nb] */
     float *lse_c;         /* [nb] */
     float *loss_c;        /* [nb] */
@@ -72,62 +70,41 @@ static ct_status lce_check(const char *fn, const ct_lce_inputs *in)
 }
 
 typedef struct {
-    int64_t nb, vt, wsub;
+    int64_t nb, vt;
 } lce_tiling;
 
 /* Bytes per token row of a block besides its logits: row state (and h as f32 for bf16). */
-static size_t row_bytes(int64_t D, bool bf16)
+static size_t row_bytes(void)
 {
-    return sizeof(ce_row) + 3 * sizeof(float) + (bf16 ? (size_t)D * sizeof(float) : 0);
+    return sizeof(ce_row) + 3 * sizeof(float);
 }
 
-static size_t tiling_bytes(const lce_tiling *t, int64_t D, bool bf16)
+static size_t tiling_bytes(const lce_tiling *t)
 {
-    return (size_t)t->nb * (size_t)t->vt * sizeof(float) + (size_t)t->nb * row_bytes(D, bf16) +
-           (bf16 ? (size_t)t->wsub * (size_t)D * sizeof(float) : 0);
+    return (size_t)t->nb * (size_t)t->vt * sizeof(float) + (size_t)t->nb * row_bytes();
 }
 
 /* Scratch the three GEMMs of a step may take themselves (ops/gemm.h). */
 static size_t tiling_gemm_bytes(const lce_tiling *t, int64_t D, bool bf16)
 {
-    int64_t step = bf16 ? t->wsub : t->vt;
-    size_t a = ct_gemm_scratch_bytes(t->nb, step, D), b = ct_gemm_scratch_bytes(t->nb, D, step);
-    size_t d = ct_gemm_scratch_bytes(step, D, t->nb);
+    size_t a = ct_gemm_mixed_scratch_bytes(t->nb, t->vt, D, bf16, bf16);
+    size_t b = ct_gemm_mixed_scratch_bytes(t->nb, D, t->vt, false, bf16);
+    size_t d = ct_gemm_mixed_scratch_bytes(t->vt, D, t->nb, false, bf16);
     return a > b ? (a > d ? a : d) : (b > d ? b : d);
 }
 
-/* bf16: W rows converted at a time for tiles of vt columns: the whole tile, or blocks of
- * at most a quarter of the budget. */
-static int64_t wsub_for(int64_t vt, int64_t D, size_t budget)
-{
-    int64_t cap = D ? (int64_t)(budget / (16 * (size_t)D)) : vt;
-    if (cap < 8) cap = 8;
-    if (vt <= cap) return vt;
-    int64_t k = (vt + cap - 1) / cap; /* equal blocks */
-    return (vt + k - 1) / k;
-}
-
 /* Token rows that fit in `budget` beside tiles of vt columns. */
-static int64_t rows_fit(int64_t vt, int64_t D, bool bf16, size_t budget, size_t extra)
+static int64_t rows_fit(int64_t vt, size_t budget, size_t extra)
 {
-    size_t w = bf16 ? (size_t)wsub_for(vt, D, budget) * (size_t)D * sizeof(float) : 0;
-    if (budget <= w) return 0;
-    return (int64_t)((budget - w) / ((size_t)vt * sizeof(float) + row_bytes(D, bf16) + extra));
+    return (int64_t)(budget / ((size_t)vt * sizeof(float) + row_bytes() + extra));
 }
 
 /* Widest tile for blocks of nb rows in `budget`. */
-static int64_t cols_fit(int64_t nb, int64_t D, bool bf16, size_t budget, size_t extra)
+static int64_t cols_fit(int64_t nb, size_t budget, size_t extra)
 {
-    size_t fixed = (size_t)nb * (row_bytes(D, bf16) + extra);
+    size_t fixed = (size_t)nb * (row_bytes() + extra);
     if (budget <= fixed) return 0;
-    size_t avail = budget - fixed;
-    if (!bf16) return (int64_t)(avail / ((size_t)nb * sizeof(float)));
-    int64_t cap = D ? (int64_t)(budget / (16 * (size_t)D)) : INT32_MAX;
-    if (cap < 8) cap = 8;
-    int64_t vt = (int64_t)(avail / ((size_t)nb * sizeof(float) + (size_t)D * sizeof(float))); /* whole tile in wbuf */
-    if (vt <= cap) return vt;
-    size_t w = (size_t)cap * (size_t)D * sizeof(float); /* blocks of cap rows (or fewer) */
-    return avail > w ? (int64_t)((avail - w) / ((size_t)nb * sizeof(float))) : 0;
+    return (int64_t)((budget - fixed) / ((size_t)nb * sizeof(float)));
 }
 
 /* n split into blocks of at most b: equal blocks of the smallest count. */
@@ -171,23 +148,22 @@ static int64_t lce_rows_min(void)
  *      fit), then the widest tile beside that block (four GEMMs, each nb x vt x D);
  *   3. a budget too small for either: blocks of LCE_NB_TINY rows and the widest tile.
  * Blocks and tiles are then evened out (equal sizes of the same count). */
-static bool lce_tiling_choose(lce_tiling *t, int64_t N, int64_t D, int64_t V, bool bf16, size_t budget,
-                              size_t extra)
+static bool lce_tiling_choose(lce_tiling *t, int64_t N, int64_t V, size_t budget, size_t extra)
 {
     int64_t nb, vt;
-    int64_t full = rows_fit(V, D, bf16, budget, extra);
+    int64_t full = rows_fit(V, budget, extra);
     int64_t rows_min = lce_rows_min();
     if (full >= N || full >= rows_min) {
         nb = full < N ? full : N;
         vt = V;
     } else {
         int64_t vmin = V < LCE_VT_MIN ? V : LCE_VT_MIN;
-        nb = rows_fit(vmin, D, bf16, budget, extra);
+        nb = rows_fit(vmin, budget, extra);
         int64_t floor_rows = N < LCE_NB_TINY ? N : LCE_NB_TINY;
         if (nb < floor_rows) nb = floor_rows;
         if (nb > N) nb = N;
         nb = balanced(N, nb);
-        vt = cols_fit(nb, D, bf16, budget, extra);
+        vt = cols_fit(nb, budget, extra);
         if (vt < 8 && vt < V) return false;
         if (vt > V) vt = V;
     }
@@ -196,12 +172,10 @@ static bool lce_tiling_choose(lce_tiling *t, int64_t N, int64_t D, int64_t V, bo
     vt = balanced(V, vt);
     t->nb = nb;
     t->vt = vt;
-    t->wsub = bf16 ? wsub_for(vt, D, budget) : 0;
     return true;
 }
 
-/* Choose the tiling and allocate the scratch: the tile, row state, the bf16 conversion
- * blocks, and room for the GEMMs' own scratch, all within opt->scratch_bytes. */
+/* Choose the tiling and allocate the scratch: the tile, row state, and room for the GEMMs' own scratch, all within opt->scratch_bytes. */
 static ct_status lce_setup(lce *c, const char *fn, const ct_lce_inputs *in, const ct_ce_options *o)
 {
     memset(c, 0, sizeof *c);
@@ -222,27 +196,22 @@ static ct_status lce_setup(lce *c, const char *fn, const ct_lce_inputs *in, cons
          * by what the GEMMs overshoot, a few times */
         size_t share = budget;
         for (int shrink = 0; shrink < 16 && !ok; shrink++) {
-            if (!lce_tiling_choose(&t, N, D, V, c->bf16, share, pass ? CT_GEMM_SCRATCH_PER_ROW(D) : 0)) break;
-            size_t need = tiling_bytes(&t, D, c->bf16) + tiling_gemm_bytes(&t, D, c->bf16);
+            if (!lce_tiling_choose(&t, N, V, share, pass ? CT_GEMM_SCRATCH_PER_ROW(D) : 0)) break;
+            size_t need = tiling_bytes(&t) + tiling_gemm_bytes(&t, D, c->bf16);
             ok = need <= budget;
             if (!ok) share = need - budget < share / 2 ? share - (need - budget) : share / 2;
         }
     }
     if (!ok) {
-        lce_tiling m = {N < LCE_NB_TINY ? N : LCE_NB_TINY, V < 8 ? V : 8, c->bf16 ? (V < 8 ? V : 8) : 0};
+        lce_tiling m = {N < LCE_NB_TINY ? N : LCE_NB_TINY, V < 8 ? V : 8};
         return ct_error(CT_EINVAL, "%s: scratch_bytes = %zu is too small for D = %lld; give at least %zu", fn,
-                        budget, (long long)D, tiling_bytes(&m, D, c->bf16) + tiling_gemm_bytes(&m, D, c->bf16));
+                        budget, (long long)D, tiling_bytes(&m) + tiling_gemm_bytes(&m, D, c->bf16));
     }
     c->nb = t.nb;
     c->vt = t.vt;
-    c->wsub = t.wsub;
-    CT_TRY(ct_alloc((void **)&c->scratch, tiling_bytes(&t, D, c->bf16)));
+    CT_TRY(ct_alloc((void **)&c->scratch, tiling_bytes(&t)));
     float *q = c->scratch;
     c->L = q, q += (size_t)t.nb * t.vt;
-    if (c->bf16) {
-        c->hbuf = q, q += (size_t)t.nb * D;
-        c->wbuf = q, q += (size_t)t.wsub * D;
-    }
     c->lse_c = q, q += t.nb;
     c->loss_c = q, q += t.nb;
     c->z_c = q, q += t.nb;
@@ -250,38 +219,23 @@ static ct_status lce_setup(lce *c, const char *fn, const ct_lce_inputs *in, cons
     return CT_OK;
 }
 
-/* Rows n0..n0+nb of h as f32 (a pointer into h, or converted into hbuf). */
-static const float *block_h(lce *c, int64_t n0, int64_t nb)
+/* Rows n0.. of h and rows s0.. of W, in their own dtype (f32 or bf16). */
+static const void *block_h(const lce *c, int64_t n0)
 {
-    int64_t D = c->in->D;
-    if (!c->bf16) return (const float *)c->in->h + n0 * D;
-    ct_convert_bf16_to_f32(c->hbuf, (const uint16_t *)c->in->h + n0 * D, (size_t)(nb * D));
-    return c->hbuf;
+    return (const unsigned char *)c->in->h + (size_t)(n0 * c->in->D) * (c->bf16 ? 2 : 4);
 }
 
-/* Rows s0..s0+sw of W as f32 (a pointer into W, or converted into wbuf unless it holds them). */
-static const float *weight_rows(lce *c, int64_t s0, int64_t sw)
+static const void *weight_rows(const lce *c, int64_t s0)
 {
-    int64_t D = c->in->D;
-    if (!c->bf16) return (const float *)c->in->weight + s0 * D;
-    if (c->wbuf_sw != sw || c->wbuf_s0 != s0) {
-        ct_convert_bf16_to_f32(c->wbuf, (const uint16_t *)c->in->weight + s0 * D, (size_t)(sw * D));
-        c->wbuf_s0 = s0;
-        c->wbuf_sw = sw;
-    }
-    return c->wbuf;
+    return (const unsigned char *)c->in->weight + (size_t)(s0 * c->in->D) * (c->bf16 ? 2 : 4);
 }
 
 /* L[0:nb, 0:vc] = hc W[v0:v0+vc]^T */
-static ct_status tile_logits(lce *c, const float *hc, int64_t nb, int64_t v0, int64_t vc)
+static ct_status tile_logits(lce *c, const void *hc, int64_t nb, int64_t v0, int64_t vc)
 {
-    int64_t D = c->in->D, step = c->bf16 ? c->wsub : vc;
-    for (int64_t s0 = v0; s0 < v0 + vc; s0 += step) {
-        int64_t sw = v0 + vc - s0 < step ? v0 + vc - s0 : step;
-        CT_TRY(ct_gemm_f32(false, true, nb, sw, D, 1.0f, hc, D, weight_rows(c, s0, sw), D, 0.0f,
-                           c->L + (s0 - v0), c->vt));
-    }
-    return CT_OK;
+    int64_t D = c->in->D;
+    return ct_gemm_mixed(false, true, nb, vc, D, 1.0f, hc, c->bf16, D, weight_rows(c, v0), c->bf16, D, 0.0f, c->L,
+                         c->vt);
 }
 
 static void rows_begin(void *arg, int64_t r0, int64_t r1, int tid)
@@ -374,7 +328,7 @@ static int64_t tile_count(const lce *c)
 
 /* Pass 1 over every vocabulary tile of a block: lse, loss and z term per row. The last
  * tile's prepared logits stay in L. */
-static ct_status block_forward(lce *c, const float *hc, int64_t n0, int64_t nb)
+static ct_status block_forward(lce *c, const void *hc, int64_t n0, int64_t nb)
 {
     c->n0 = n0;
     c->cur_nb = nb;
@@ -396,7 +350,7 @@ typedef enum { TILE_RECOMPUTE, TILE_PREPARED, TILE_GRADIENT } tile_state;
 /* Pass 2: gradients of a block, tiles in reverse order. `last` says what L holds for the last
  * tile: nothing (recompute it), its prepared logits (pass 1 just ran), or its gradient
  * (rows_full did it). */
-static ct_status block_backward(lce *c, const ct_lce_grads *g, const float *hc, int64_t n0, int64_t nb,
+static ct_status block_backward(lce *c, const ct_lce_grads *g, const void *hc, int64_t n0, int64_t nb,
                                 const float *lse, const float *dloss, tile_state last)
 {
     int64_t D = c->in->D, V = c->p.V, T = tile_count(c);
@@ -422,20 +376,15 @@ static ct_status block_backward(lce *c, const ct_lce_grads *g, const float *hc, 
         }
         if (g->dbias) ct_parallel_for(vc, cols_bias, c);
         if (!dh && !g->dweight) continue;
-        int64_t step = c->bf16 ? c->wsub : vc;
-        /* sub-blocks last to first: with bf16 the last one converted is still in wbuf */
-        int64_t nsub = (vc + step - 1) / step;
-        for (int64_t k = nsub - 1; k >= 0; k--) {
-            int64_t s0 = v0 + k * step, sw = v0 + vc - s0 < step ? v0 + vc - s0 : step;
-            const float *Gs = c->L + (s0 - v0);
-            if (dh) {
-                float beta = dh_first && !g->accumulate ? 0.0f : 1.0f;
-                CT_TRY(ct_gemm_f32(false, false, nb, D, sw, 1.0f, Gs, c->vt, weight_rows(c, s0, sw), D, beta, dh, D));
-                dh_first = false;
-            }
-            if (g->dweight)
-                CT_TRY(ct_gemm_f32(true, false, sw, D, nb, 1.0f, Gs, c->vt, hc, D, dw_beta, g->dweight + s0 * D, D));
+        if (dh) {
+            float beta = dh_first && !g->accumulate ? 0.0f : 1.0f;
+            CT_TRY(ct_gemm_mixed(false, false, nb, D, vc, 1.0f, c->L, false, c->vt, weight_rows(c, v0), c->bf16, D,
+                                 beta, dh, D));
+            dh_first = false;
         }
+        if (g->dweight)
+            CT_TRY(ct_gemm_mixed(true, false, vc, D, nb, 1.0f, c->L, false, c->vt, hc, c->bf16, D, dw_beta,
+                                 g->dweight + v0 * D, D));
     }
     return CT_OK;
 }
@@ -483,7 +432,7 @@ ct_status ct_linear_cross_entropy_forward(const ct_ce_outputs *out, const ct_lce
     double ls = 0, zs = 0;
     for (int64_t n0 = 0; n0 < in->N && s == CT_OK; n0 += c.nb) {
         int64_t nb = in->N - n0 < c.nb ? in->N - n0 : c.nb;
-        s = block_forward(&c, block_h(&c, n0, nb), n0, nb);
+        s = block_forward(&c, block_h(&c, n0), n0, nb);
         if (s == CT_OK) block_outputs(&c, out, n0, nb, &ls, &zs);
     }
     if (s == CT_OK) final_outputs(&c, out, ls, zs);
@@ -514,7 +463,7 @@ ct_status ct_linear_cross_entropy_backward(const ct_lce_grads *grads, const floa
     ct_status s = CT_OK;
     for (int64_t n0 = 0; n0 < in->N && s == CT_OK; n0 += c.nb) {
         int64_t nb = in->N - n0 < c.nb ? in->N - n0 : c.nb;
-        s = block_backward(&c, grads, block_h(&c, n0, nb), n0, nb, lse + n0, dloss, TILE_RECOMPUTE);
+        s = block_backward(&c, grads, block_h(&c, n0), n0, nb, lse + n0, dloss, TILE_RECOMPUTE);
     }
     ct_free(c.scratch);
     return s;
@@ -534,7 +483,7 @@ ct_status ct_linear_cross_entropy_forward_backward(const ct_ce_outputs *out, con
     double ls = 0, zs = 0;
     for (int64_t n0 = 0; n0 < in->N && s == CT_OK; n0 += c.nb) {
         int64_t nb = in->N - n0 < c.nb ? in->N - n0 : c.nb;
-        const float *hc = block_h(&c, n0, nb);
+        const void *hc = block_h(&c, n0);
         tile_state last;
         if (c.vt == in->V) { /* one tile: logits once, then dh and dW from the gradient left in L */
             s = tile_logits(&c, hc, nb, 0, in->V);

@@ -123,6 +123,14 @@ size_t ct_gemm_scratch_bytes(int64_t M, int64_t N, int64_t K)
     return impl == CT_GEMM_CTORCH ? own : blas;
 }
 
+size_t ct_gemm_mixed_scratch_bytes(int64_t M, int64_t N, int64_t K, bool a_bf16, bool b_bf16)
+{
+    if (!a_bf16 && !b_bf16) return ct_gemm_scratch_bytes(M, N, K);
+    size_t own = 0, a, b;
+    if (M > 0 && N > 0 && K > 0) own = own_scratch(M, N, K, &a, &b);
+    return own <= OWN_STACK_FLOATS * sizeof(float) ? 0 : own; /* packed on the stack */
+}
+
 static ct_status gemm_check(const char *fn, int64_t M, int64_t N, int64_t K, const void *A,
                             const void *B, const float *C)
 {
@@ -250,7 +258,8 @@ typedef struct {
 
 typedef struct {
     const ct_gemm_kernels *kt;
-    bool ta, tb, bf;
+    bool ta, tb;
+    bool abf, bbf;  /* A / B in bf16 (widened while packing) or f32 */
     bool dot;       /* bf16 pair panels and kt->kernel_dot (the bf16 contract) */
     float alpha;
     const unsigned char *A, *B; /* element (0, 0) of op(A) / op(B) */
@@ -269,16 +278,16 @@ static const unsigned char *own_at(const unsigned char *X, bool t, int64_t ld, i
 /* Pack strips [s0, s1) of step p's sa + sb strips (A strips first). */
 static void own_pack_strips(const own_job *j, const own_step *p, int64_t s0, int64_t s1)
 {
-    size_t es = j->bf ? 2 : 4;
+    size_t ea = j->abf ? 2 : 4, eb = j->bbf ? 2 : 4;
     int64_t a1 = s1 < p->sa ? s1 : p->sa;
     ct_gemm_pack_a_fn pa = j->dot ? j->kt->pack_a_dot : j->kt->pack_a;
     ct_gemm_pack_b_fn pb = j->dot ? j->kt->pack_b_dot : j->kt->pack_b;
     if (s0 < a1)
-        pa(p->ap, own_at(j->A, j->ta, j->lda, p->i0, p->k0, es), j->lda, j->ta, j->bf, p->mb, p->kb,
+        pa(p->ap, own_at(j->A, j->ta, j->lda, p->i0, p->k0, ea), j->lda, j->ta, j->abf, p->mb, p->kb,
                       j->kt->mr, s0, a1);
     int64_t b0 = s0 > p->sa ? s0 - p->sa : 0, b1 = s1 - p->sa;
     if (b0 < b1)
-        pb(p->bp, own_at(j->B, j->tb, j->ldb, p->k0, p->j0, es), j->ldb, j->tb, j->bf, p->kb, p->nb,
+        pb(p->bp, own_at(j->B, j->tb, j->ldb, p->k0, p->j0, eb), j->ldb, j->tb, j->bbf, p->kb, p->nb,
                       j->kt->nr, b0, b1);
 }
 
@@ -379,7 +388,7 @@ static void own_step_at(const own_job *j, int64_t s, int64_t M, int64_t N, int64
 }
 
 /* C = alpha op(A) op(B) + beta C with M, N, K > 0, strides resolved; A / B f32 or bf16. */
-static ct_status own_gemm(bool ta, bool tb, bool bf, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+static ct_status own_gemm(bool ta, bool tb, bool abf, bool bbf, bool dot, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
                           int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc)
 {
     const ct_gemm_kernels *kt = CT_KERNELS(ct_gemm_tables);
@@ -388,7 +397,7 @@ static ct_status own_gemm(bool ta, bool tb, bool bf, int64_t M, int64_t N, int64
     own_scratch1(M, N, K, &abytes, &bbytes);
     bool serial = own_serial(M, N, K);
     int nbuf = serial ? 1 : 2;
-    own_job j = {.kt = kt, .ta = ta, .tb = tb, .bf = bf, .dot = bf && ct_gemm_bf16_dot(), .alpha = alpha, .A = A, .B = B, .lda = lda, .ldb = ldb,
+    own_job j = {.kt = kt, .ta = ta, .tb = tb, .abf = abf, .bbf = bbf, .dot = dot && abf && bbf, .alpha = alpha, .A = A, .B = B, .lda = lda, .ldb = ldb,
                  .ldc = ldc, .C = C};
     _Alignas(64) float small[OWN_STACK_FLOATS]; /* small products pack on the stack */
     float *buf = small, *ap[2], *bp[2];
@@ -592,7 +601,7 @@ ct_status ct_gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
         scale_c(M, N, beta, C, ldc);
         return CT_OK;
     }
-    if (impl == CT_GEMM_CTORCH) return own_gemm(trans_a, trans_b, false, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (impl == CT_GEMM_CTORCH) return own_gemm(trans_a, trans_b, false, false, false, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return blas_gemm_f32(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
@@ -608,8 +617,25 @@ ct_status ct_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
         scale_c(M, N, beta, C, ldc);
         return CT_OK;
     }
-    if (impl == CT_GEMM_CTORCH) return own_gemm(trans_a, trans_b, true, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (impl == CT_GEMM_CTORCH) return own_gemm(trans_a, trans_b, true, true, ct_gemm_bf16_dot(), M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return blas_gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* C = alpha op(A) op(B) + beta C with either operand f32 or bf16 (ops/gemm.h). */
+ct_status ct_gemm_mixed(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                        bool a_bf16, int64_t lda, const void *B, bool b_bf16, int64_t ldb, float beta, float *C,
+                        int64_t ldc)
+{
+    if (!a_bf16 && !b_bf16) return ct_gemm_f32(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    CT_TRY(gemm_args("ct_gemm_mixed", trans_a, trans_b, M, N, K, A, &lda, B, &ldb, C, &ldc));
+    ct_gemm_impl impl;
+    CT_TRY(ct_gemm_select(M, N, K, &impl)); /* a forced or invalid CT_GEMM still speaks */
+    if (M == 0 || N == 0) return CT_OK;
+    if (K == 0) {
+        scale_c(M, N, beta, C, ldc);
+        return CT_OK;
+    }
+    return own_gemm(trans_a, trans_b, a_bf16, b_bf16, false, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 ct_status ct_linear_forward(float *out, const float *inp, const float *weight, const float *bias,

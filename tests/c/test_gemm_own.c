@@ -6,6 +6,7 @@
  * OpenBLAS; the selection (CT_GEMM, the log line) in child processes. */
 #include "test_util.h"
 
+#include "ops/gemm.h"
 #include "ops/gemm_kernels.h"
 #include "ref/ref_gemm.h"
 
@@ -394,6 +395,48 @@ static void spawn_child(const char *value, const char *mode)
     free(env);
 }
 
+/* ct_gemm_mixed (ops/gemm.h): one operand bf16, the other f32, widened while packing: the same
+ * bits as ctorch's f32 GEMM on the widened values, for every transpose, at 1 and 2 threads,
+ * whatever GEMM the rule or CT_GEMM would pick (this runs under the AUTO rule too); both bf16
+ * the same (never the dot instructions); both f32 is ct_gemm_f32. */
+static void mixed(void)
+{
+    static const shape ms[] = {{3, 17, 33}, {127, 33, 300}, {300, 50, 40}, {20, 3100, 260}, {1600, 40, 260}, {5, 7, 0}};
+    int saved = ct_num_threads();
+    for (size_t si = 0; si < sizeof ms / sizeof ms[0]; si++)
+        for (int t = 0; t < 4; t++)
+            for (int kind = 0; kind < 3; kind++) { /* A bf16, B bf16, both */
+                gcase g;
+                case_make(&g, &ms[si], t & 1, t >> 1, 5, 3, true); /* f32 operands hold bf16 values */
+                bool abf = kind != 1, bbf = kind != 0;
+                float *ref = malloc(4 * g.nc), *got = malloc(4 * g.nc);
+                memcpy(ref, g.C0, 4 * g.nc);
+                CHECK_OK(ct_gemm_set_impl(CT_GEMM_CTORCH));
+                CHECK_OK(ct_gemm_f32(g.ta, g.tb, g.M, g.N, g.K, g.alpha, g.A, g.lda, g.B, g.ldb, g.beta, ref, g.ldc));
+                CHECK_OK(ct_gemm_set_impl(CT_GEMM_AUTO));
+                for (int th = 1; th <= 2; th++) {
+                    CHECK_OK(ct_set_num_threads(th));
+                    memcpy(got, g.C0, 4 * g.nc);
+                    CHECK_OK(ct_gemm_mixed(g.ta, g.tb, g.M, g.N, g.K, g.alpha, abf ? (const void *)g.Ab : g.A, abf,
+                                           g.lda, bbf ? (const void *)g.Bb : g.B, bbf, g.ldb, g.beta, got, g.ldc));
+                    bool same = true;
+                    for (int64_t i = 0; i < g.M; i++) /* the padding between rows is never written */
+                        same &= !memcmp(ref + i * g.ldc, got + i * g.ldc, 4 * (size_t)g.N);
+                    if (!same)
+                        printf("  ct_gemm_mixed %lldx%lldx%lld ta %d tb %d A %s B %s, %d thread(s): not the f32 GEMM's bits\n",
+                               (long long)g.M, (long long)g.N, (long long)g.K, g.ta, g.tb, abf ? "bf16" : "f32",
+                               bbf ? "bf16" : "f32", th);
+                    CHECK(same);
+                }
+                free(ref), free(got);
+                case_free(&g);
+            }
+    CHECK_OK(ct_set_num_threads(saved));
+    float c = 0;
+    CHECK_STATUS(ct_gemm_mixed(false, false, -1, 1, 1, 1.0f, &c, true, 1, &c, false, 1, 0.0f, &c, 1), CT_EINVAL);
+    CHECK_OK(ct_gemm_set_impl(CT_GEMM_CTORCH));
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && !strcmp(argv[1], "--child")) return child(argv[2]);
@@ -419,6 +462,7 @@ int main(int argc, char **argv)
         printf("test_gemm_own: bf16 dot (vdpbf16ps) SKIPPED: %s lacks AVX512_BF16 (with AVX-512 F/BW/DQ/VL)\n",
                ct_cpu_name());
     vs_openblas();
+    mixed();
     CHECK_OK(ct_gemm_set_impl(CT_GEMM_AUTO));
     return t_report("test_gemm_own");
 }
