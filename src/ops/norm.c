@@ -74,7 +74,7 @@ typedef struct {
     rows_fn fn;
 } run_ctx;
 
-#define NORM_STREAM_ROW_MAX 65536 /* bytes of one row that a streamed task buffers */
+#define NORM_STREAM_ROW_MAX 32768 /* bytes of one row that a streamed task buffers (on its stack) */
 
 /* Whether out [N, C] is streamed, and rows [r0, r1) of it: directly, or (c->nt) a few rows at
  * a time into an L1-sized buffer copied out with streaming stores (the same bytes). */
