@@ -89,6 +89,10 @@ void ct_parallel_for_grain(int64_t n, int64_t grain, ct_parallel_fn fn, void *ct
  * from another thread between the read and the region cannot hand out a tid past the
  * scratch. */
 void ct_parallel_for_capped(int64_t n, int64_t grain, int max_threads, ct_parallel_fn fn, void *ctx);
+/* A region of n tasks, each its own chunk, claimed in index order (serially, or nested: one
+ * call over [0, n)): for callers that size their tasks themselves and order them (e.g. the
+ * work that fills in last, so that a thread done early takes it). */
+void ct_parallel_tasks(int64_t n, ct_parallel_fn fn, void *ctx);
 
 /* Streaming stores (src/core/memory.c). ct_stream_stores(bytes): whether an output of that many
  * bytes is written with non-temporal stores: above the last-level cache's size, where it leaves

@@ -232,7 +232,9 @@ void ct_parallel_for_grain(int64_t n, int64_t grain, ct_parallel_fn fn, void *ct
     ct_parallel_for_capped(n, grain, CT_MAX_THREADS, fn, ctx);
 }
 
-void ct_parallel_for_capped(int64_t n, int64_t grain, int max_threads, ct_parallel_fn fn, void *ctx)
+/* Run [0, n) in chunks of `chunk` indices (0: about CHUNKS_PER_THREAD chunks per thread, never
+ * under the grain) on at most max_threads threads. */
+static void parallel_run(int64_t n, int64_t grain, int64_t chunk, int max_threads, ct_parallel_fn fn, void *ctx)
 {
     if (n <= 0) return;
     if (grain < 1) grain = 1;
@@ -242,11 +244,11 @@ void ct_parallel_for_capped(int64_t n, int64_t grain, int max_threads, ct_parall
         fn(ctx, 0, n, 0);
         return;
     }
-    /* Chunk size from the shape: about CHUNKS_PER_THREAD chunks per thread, never under the
-     * grain. */
-    int64_t want = (int64_t)T * CHUNKS_PER_THREAD;
-    int64_t chunk = (n + want - 1) / want;
-    if (chunk < grain) chunk = grain;
+    if (chunk < 1) {
+        int64_t want = (int64_t)T * CHUNKS_PER_THREAD;
+        chunk = (n + want - 1) / want;
+        if (chunk < grain) chunk = grain;
+    }
     int64_t nchunks = (n + chunk - 1) / chunk;
     if (nchunks <= 1) {
         fn(ctx, 0, n, 0);
@@ -317,6 +319,16 @@ void ct_parallel_for_capped(int64_t n, int64_t grain, int max_threads, ct_parall
     while (atomic_load(&j.refs) != 0) pthread_cond_wait(&done_cv, &mu);
     atomic_fetch_sub(&callers_sleeping, 1);
     pthread_mutex_unlock(&mu);
+}
+
+void ct_parallel_for_capped(int64_t n, int64_t grain, int max_threads, ct_parallel_fn fn, void *ctx)
+{
+    parallel_run(n, grain, 0, max_threads, fn, ctx);
+}
+
+void ct_parallel_tasks(int64_t n, ct_parallel_fn fn, void *ctx)
+{
+    parallel_run(n, 1, 1, CT_MAX_THREADS, fn, ctx);
 }
 
 void ct_parallel_for(int64_t n, ct_parallel_fn fn, void *ctx)

@@ -316,17 +316,32 @@ static void own_tiles(const own_job *j, const own_step *r, int64_t t0, int64_t t
     }
 }
 
-/* One parallel region: task t computes its tiles of the run step, then packs its share of
- * the next step's strips (the panels are double-buffered, so one region per step: its end
- * is the only barrier). */
+/* Strip of a step whose panel starts at or after `u` floats per k into the step's panels (A
+ * strips of mr floats first, then B strips of nr): pack pieces split by bytes, not strips. */
+static int64_t own_strip_at(const own_step *p, int mr, int nr, int64_t u)
+{
+    int64_t ua = p->sa * mr;
+    return u <= ua ? (u + mr - 1) / mr : p->sa + (u - ua + nr - 1) / nr;
+}
+
+/* One parallel region (ct_parallel_tasks): task t computes tile t of the run step (if any),
+ * then packs piece t of the next step's panels (pieces of equal bytes, not strips). The
+ * panels are double-buffered, so a step's tiles and the next step's packing share a region
+ * (its end is the one barrier per step); each thread alternates arithmetic and packing, so the
+ * packing's memory traffic overlaps the other threads' arithmetic. */
 static void own_region(void *arg, int64_t t0, int64_t t1, int tid)
 {
     (void)tid;
     const own_job *j = arg;
-    if (j->run.kb) own_tiles(j, &j->run, t0, t1);
-    if (j->pack.kb) {
-        int64_t np = j->pack.sa + j->pack.sb;
-        own_pack_strips(j, &j->pack, np * t0 / j->ntask, np * t1 / j->ntask);
+    for (int64_t t = t0; t < t1; t++) {
+        if (j->run.kb) own_tiles(j, &j->run, t, t + 1);
+        if (j->pack.kb) {
+            const own_step *p = &j->pack;
+            int mr = j->kt->mr, nr = j->kt->nr;
+            int64_t u = p->sa * mr + p->sb * nr;
+            own_pack_strips(j, p, own_strip_at(p, mr, nr, u * t / j->ntask),
+                            own_strip_at(p, mr, nr, u * (t + 1) / j->ntask));
+        }
     }
 }
 
@@ -372,16 +387,16 @@ static void own_step_at(const own_job *j, int64_t s, int64_t M, int64_t N, int64
     p->ap = ap[s & 1], p->bp = bp[s & 1];
     p->sa = (p->mb + kt->mr - 1) / kt->mr;
     p->sb = (p->nb + kt->nr - 1) / kt->nr;
-    /* Row blocks of (nearly) equal size, their count a multiple of the thread count where the
-     * rows allow, so the threads get equal work; column groups only when the row blocks alone
-     * do not split evenly. Any split gives the same bits. */
+    /* Tiles: row blocks of at most MC rows, of (nearly) equal size, times column groups of
+     * (nearly) equal size, at least OWN_TASKS_PER_THREAD tiles per thread, so the threads
+     * claiming them get equal work whatever M is (121 rows are 21 strips: two row blocks
+     * would be 11 and 10 strips, while 8 column groups of all 21 are equal). Any split gives
+     * the same bits. */
     int64_t per_mc = kt->mc / kt->mr, nic = (p->sa + per_mc - 1) / per_mc;
-    if (nic % T) nic += T - nic % T;
-    if (nic > p->sa) nic = p->sa;
     p->spi = (p->sa + nic - 1) / nic;
     p->nic = (p->sa + p->spi - 1) / p->spi;
-    p->njg = p->nic % T ? (p->nic < T ? (int64_t)T * OWN_TASKS_PER_THREAD / p->nic : T) : 1;
-    if (p->njg < 1) p->njg = 1;
+    int64_t want = (int64_t)T * OWN_TASKS_PER_THREAD;
+    p->njg = p->nic >= want ? 1 : (want + p->nic - 1) / p->nic;
     if (p->njg > p->sb) p->njg = p->sb;
     p->spg = (p->sb + p->njg - 1) / p->njg;
     p->njg = (p->sb + p->spg - 1) / p->spg;
@@ -426,8 +441,8 @@ static ct_status own_gemm(bool ta, bool tb, bool abf, bool bbf, bool dot, int64_
             else memset(&j.run, 0, sizeof j.run);
             if (s < steps) own_step_at(&j, s, M, N, K, crows, T, beta, ap, bp, &j.pack);
             else memset(&j.pack, 0, sizeof j.pack);
-            j.ntask = j.run.kb ? j.run.nic * j.run.njg : j.pack.sa + j.pack.sb;
-            ct_parallel_for(j.ntask, own_region, &j);
+            j.ntask = j.run.kb ? j.run.nic * j.run.njg : (int64_t)T * OWN_TASKS_PER_THREAD;
+            ct_parallel_tasks(j.ntask, own_region, &j);
         }
     }
     if (heap) ct_free(buf);

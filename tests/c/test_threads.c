@@ -101,6 +101,34 @@ static void test_coverage(void)
     free(c);
 }
 
+/* ct_parallel_tasks: every index once, each chunk one index when the region runs in parallel
+ * (one call over [0, n) on a single thread). */
+static void test_tasks(void)
+{
+    const int Ts[] = {1, 2, 3, 16};
+    const int64_t ns[] = {0, 1, 2, 7, 64, 1001};
+    for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++) {
+        CHECK_OK(ct_set_num_threads(Ts[a]));
+        for (size_t b = 0; b < sizeof ns / sizeof *ns; b++) {
+            int64_t n = ns[b];
+            cov_ctx *c = calloc(1, sizeof *c);
+            c->hits = calloc((size_t)(n ? n : 1), 1);
+            c->T = Ts[a];
+            c->n = n;
+            ct_parallel_tasks(n, cov_body, c);
+            int ok = c->bad_tid == 0 && c->shared_tid == 0 && c->bad_range == 0;
+            for (int64_t i = 0; i < n; i++) ok &= c->hits[i] == 1;
+            if (n == 0) ok &= c->chunks == 0;
+            else if (Ts[a] == 1 || n == 1) ok &= c->chunks == 1;
+            else ok &= c->chunks == n;
+            if (!ok) fprintf(stderr, "ct_parallel_tasks failed: T %d n %lld\n", Ts[a], (long long)n);
+            CHECK(ok);
+            free(c->hits);
+            free(c);
+        }
+    }
+}
+
 /* ---- nested regions -------------------------------------------------------------------- */
 
 typedef struct {
@@ -384,6 +412,7 @@ int main(int argc, char **argv)
         return 0;
     }
     test_coverage();
+    test_tasks();
     test_nested();
     test_concurrent_callers();
     test_independent_progress();
