@@ -13,9 +13,10 @@
  * and a step is three GEMMs; otherwise four (the logits twice). The tiling favours big token
  * blocks (the weight gradient crosses memory once per block) and tiles wide enough that every
  * GEMM (nb x vt x D) splits well over the threads (lce_tiling_choose).
- * bf16 operands go to the GEMMs as they are (ct_gemm_mixed: ctorch's GEMM widens them while it
- * packs its panels; the logits' gradient G is f32): nothing is converted ahead, no [V, D] copy
- * and no conversion buffer takes a share of the budget. Row kernels run in parallel over rows (each row
+ * bf16 inputs: W goes to the GEMMs as it is (ct_gemm_mixed: ctorch's GEMM widens it while it
+ * packs its panels), so no [V, D] copy and no conversion buffer for it takes a share of the
+ * budget; a block's rows of h (nb x D, small) are widened into the scratch once per block, so
+ * the weight gradient's GEMM (G^T h, both f32) runs on the fastest f32 GEMM. Row kernels run in parallel over rows (each row
  * independent), bias sums over columns (rows in order), the GEMMs are deterministic and
  * every sum has a fixed order: results are the same bits for any thread count.
  */
@@ -44,6 +45,7 @@ typedef struct lce {
     int64_t nb, vt;       /* token block rows, vocabulary tile columns (L's row stride) */
     float *scratch;
     float *L;             /* [nb, vt] */
+    float *hf;            /* [nb, D]: the block's rows of h widened (bf16 inputs; else NULL) */
     ce_row *rows;         /* [nb] */
     float *lse_c;         /* [nb] */
     float *loss_c;        /* [nb] */
@@ -73,7 +75,7 @@ typedef struct {
     int64_t nb, vt;
 } lce_tiling;
 
-/* Bytes per token row of a block besides its logits: row state (and h as f32 for bf16). */
+/* Bytes per token row of a block besides its logits and h widened: row state. */
 static size_t row_bytes(void)
 {
     return sizeof(ce_row) + 3 * sizeof(float);
@@ -84,12 +86,18 @@ static size_t tiling_bytes(const lce_tiling *t)
     return (size_t)t->nb * (size_t)t->vt * sizeof(float) + (size_t)t->nb * row_bytes();
 }
 
-/* Scratch the three GEMMs of a step may take themselves (ops/gemm.h). */
+/* Bytes per token row for its h widened to f32 (bf16 inputs). */
+static size_t hf_row_bytes(int64_t D, bool bf16)
+{
+    return bf16 ? (size_t)D * sizeof(float) : 0;
+}
+
+/* Scratch the three GEMMs of a step may take themselves (ops/gemm.h); h is f32 (widened). */
 static size_t tiling_gemm_bytes(const lce_tiling *t, int64_t D, bool bf16)
 {
-    size_t a = ct_gemm_mixed_scratch_bytes(t->nb, t->vt, D, bf16, bf16);
+    size_t a = ct_gemm_mixed_scratch_bytes(t->nb, t->vt, D, false, bf16);
     size_t b = ct_gemm_mixed_scratch_bytes(t->nb, D, t->vt, false, bf16);
-    size_t d = ct_gemm_mixed_scratch_bytes(t->vt, D, t->nb, false, bf16);
+    size_t d = ct_gemm_mixed_scratch_bytes(t->vt, D, t->nb, false, false);
     return a > b ? (a > d ? a : d) : (b > d ? b : d);
 }
 
@@ -189,6 +197,7 @@ static ct_status lce_setup(lce *c, const char *fn, const ct_lce_inputs *in, cons
     size_t budget = o->scratch_bytes ? o->scratch_bytes : CT_DEFAULT_SCRATCH_BYTES;
     lce_tiling t;
     bool ok = false;
+    size_t hrow = hf_row_bytes(D, c->bf16);
     /* First without, then with a reservation per row for the GEMMs' K-split partial sums
      * (ops/gemm.h) should the first attempts not converge. */
     for (int pass = 0; pass < 2 && !ok; pass++) {
@@ -196,8 +205,8 @@ static ct_status lce_setup(lce *c, const char *fn, const ct_lce_inputs *in, cons
          * by what the GEMMs overshoot, a few times */
         size_t share = budget;
         for (int shrink = 0; shrink < 16 && !ok; shrink++) {
-            if (!lce_tiling_choose(&t, N, V, share, pass ? CT_GEMM_SCRATCH_PER_ROW(D) : 0)) break;
-            size_t need = tiling_bytes(&t) + tiling_gemm_bytes(&t, D, c->bf16);
+            if (!lce_tiling_choose(&t, N, V, share, hrow + (pass ? CT_GEMM_SCRATCH_PER_ROW(D) : 0))) break;
+            size_t need = tiling_bytes(&t) + (size_t)t.nb * hrow + tiling_gemm_bytes(&t, D, c->bf16);
             ok = need <= budget;
             if (!ok) share = need - budget < share / 2 ? share - (need - budget) : share / 2;
         }
@@ -205,13 +214,15 @@ static ct_status lce_setup(lce *c, const char *fn, const ct_lce_inputs *in, cons
     if (!ok) {
         lce_tiling m = {N < LCE_NB_TINY ? N : LCE_NB_TINY, V < 8 ? V : 8};
         return ct_error(CT_EINVAL, "%s: scratch_bytes = %zu is too small for D = %lld; give at least %zu", fn,
-                        budget, (long long)D, tiling_bytes(&m) + tiling_gemm_bytes(&m, D, c->bf16));
+                        budget, (long long)D,
+                        tiling_bytes(&m) + (size_t)m.nb * hrow + tiling_gemm_bytes(&m, D, c->bf16));
     }
     c->nb = t.nb;
     c->vt = t.vt;
-    CT_TRY(ct_alloc((void **)&c->scratch, tiling_bytes(&t)));
+    CT_TRY(ct_alloc((void **)&c->scratch, tiling_bytes(&t) + (size_t)t.nb * hrow));
     float *q = c->scratch;
     c->L = q, q += (size_t)t.nb * t.vt;
+    if (hrow) c->hf = q, q += (size_t)t.nb * D;
     c->lse_c = q, q += t.nb;
     c->loss_c = q, q += t.nb;
     c->z_c = q, q += t.nb;
@@ -219,22 +230,26 @@ static ct_status lce_setup(lce *c, const char *fn, const ct_lce_inputs *in, cons
     return CT_OK;
 }
 
-/* Rows n0.. of h and rows s0.. of W, in their own dtype (f32 or bf16). */
-static const void *block_h(const lce *c, int64_t n0)
+/* Rows n0..n0+nb of h as f32: in place, or widened into the scratch (bf16 inputs). */
+static const float *block_h(const lce *c, int64_t n0, int64_t nb)
 {
-    return (const unsigned char *)c->in->h + (size_t)(n0 * c->in->D) * (c->bf16 ? 2 : 4);
+    int64_t D = c->in->D;
+    if (!c->bf16) return (const float *)c->in->h + n0 * D;
+    ct_convert_bf16_to_f32(c->hf, (const uint16_t *)c->in->h + n0 * D, (size_t)(nb * D));
+    return c->hf;
 }
 
+/* Rows s0.. of W, in its own dtype (f32 or bf16). */
 static const void *weight_rows(const lce *c, int64_t s0)
 {
     return (const unsigned char *)c->in->weight + (size_t)(s0 * c->in->D) * (c->bf16 ? 2 : 4);
 }
 
 /* L[0:nb, 0:vc] = hc W[v0:v0+vc]^T */
-static ct_status tile_logits(lce *c, const void *hc, int64_t nb, int64_t v0, int64_t vc)
+static ct_status tile_logits(lce *c, const float *hc, int64_t nb, int64_t v0, int64_t vc)
 {
     int64_t D = c->in->D;
-    return ct_gemm_mixed(false, true, nb, vc, D, 1.0f, hc, c->bf16, D, weight_rows(c, v0), c->bf16, D, 0.0f, c->L,
+    return ct_gemm_mixed(false, true, nb, vc, D, 1.0f, hc, false, D, weight_rows(c, v0), c->bf16, D, 0.0f, c->L,
                          c->vt);
 }
 
@@ -328,7 +343,7 @@ static int64_t tile_count(const lce *c)
 
 /* Pass 1 over every vocabulary tile of a block: lse, loss and z term per row. The last
  * tile's prepared logits stay in L. */
-static ct_status block_forward(lce *c, const void *hc, int64_t n0, int64_t nb)
+static ct_status block_forward(lce *c, const float *hc, int64_t n0, int64_t nb)
 {
     c->n0 = n0;
     c->cur_nb = nb;
@@ -350,7 +365,7 @@ typedef enum { TILE_RECOMPUTE, TILE_PREPARED, TILE_GRADIENT } tile_state;
 /* Pass 2: gradients of a block, tiles in reverse order. `last` says what L holds for the last
  * tile: nothing (recompute it), its prepared logits (pass 1 just ran), or its gradient
  * (rows_full did it). */
-static ct_status block_backward(lce *c, const ct_lce_grads *g, const void *hc, int64_t n0, int64_t nb,
+static ct_status block_backward(lce *c, const ct_lce_grads *g, const float *hc, int64_t n0, int64_t nb,
                                 const float *lse, const float *dloss, tile_state last)
 {
     int64_t D = c->in->D, V = c->p.V, T = tile_count(c);
@@ -383,8 +398,7 @@ static ct_status block_backward(lce *c, const ct_lce_grads *g, const void *hc, i
             dh_first = false;
         }
         if (g->dweight)
-            CT_TRY(ct_gemm_mixed(true, false, vc, D, nb, 1.0f, c->L, false, c->vt, hc, c->bf16, D, dw_beta,
-                                 g->dweight + v0 * D, D));
+            CT_TRY(ct_gemm_f32(true, false, vc, D, nb, 1.0f, c->L, c->vt, hc, D, dw_beta, g->dweight + v0 * D, D));
     }
     return CT_OK;
 }
@@ -432,7 +446,7 @@ ct_status ct_linear_cross_entropy_forward(const ct_ce_outputs *out, const ct_lce
     double ls = 0, zs = 0;
     for (int64_t n0 = 0; n0 < in->N && s == CT_OK; n0 += c.nb) {
         int64_t nb = in->N - n0 < c.nb ? in->N - n0 : c.nb;
-        s = block_forward(&c, block_h(&c, n0), n0, nb);
+        s = block_forward(&c, block_h(&c, n0, nb), n0, nb);
         if (s == CT_OK) block_outputs(&c, out, n0, nb, &ls, &zs);
     }
     if (s == CT_OK) final_outputs(&c, out, ls, zs);
@@ -463,7 +477,7 @@ ct_status ct_linear_cross_entropy_backward(const ct_lce_grads *grads, const floa
     ct_status s = CT_OK;
     for (int64_t n0 = 0; n0 < in->N && s == CT_OK; n0 += c.nb) {
         int64_t nb = in->N - n0 < c.nb ? in->N - n0 : c.nb;
-        s = block_backward(&c, grads, block_h(&c, n0), n0, nb, lse + n0, dloss, TILE_RECOMPUTE);
+        s = block_backward(&c, grads, block_h(&c, n0, nb), n0, nb, lse + n0, dloss, TILE_RECOMPUTE);
     }
     ct_free(c.scratch);
     return s;
@@ -483,7 +497,7 @@ ct_status ct_linear_cross_entropy_forward_backward(const ct_ce_outputs *out, con
     double ls = 0, zs = 0;
     for (int64_t n0 = 0; n0 < in->N && s == CT_OK; n0 += c.nb) {
         int64_t nb = in->N - n0 < c.nb ? in->N - n0 : c.nb;
-        const void *hc = block_h(&c, n0);
+        const float *hc = block_h(&c, n0, nb);
         tile_state last;
         if (c.vt == in->V) { /* one tile: logits once, then dh and dW from the gradient left in L */
             s = tile_logits(&c, hc, nb, 0, in->V);
