@@ -98,7 +98,10 @@ CT_API ct_status ct_linear_cross_entropy_forward(const ct_ce_outputs *out, const
                                                  const ct_ce_options *opt);
 
 /** Backward from the forward's lse: recomputes logits tile by tile. dloss is 1 float for
- *  MEAN/SUM or N floats for NONE (the upstream gradient, any values). */
+ *  MEAN/SUM or N floats for NONE (the upstream gradient, any values). The gradients are the
+ *  same bits as ct_linear_cross_entropy_forward_backward's: when opt->scratch_bytes holds a
+ *  tile of full-vocabulary rows, each row's statistics are recomputed with its logits (as the
+ *  forward computed them, so lse must be the forward's); with vocabulary tiles lse is used. */
 CT_API ct_status ct_linear_cross_entropy_backward(const ct_lce_grads *grads, const float *dloss,
                                                   const float *lse, const ct_lce_inputs *in,
                                                   const ct_ce_options *opt);

@@ -160,6 +160,42 @@ void ce_row_grad(const ce_plan *p, float *z, int64_t v0, int64_t vc, int64_t y, 
     if (y >= v0 && y < v0 + vc) z[y - v0] -= g * (1.0f - eps) * wy;
 }
 
+void ce_row_full(const ce_plan *p, ce_row *r, float *z, int64_t y, float g, float *lse, float *loss,
+                 float *zterm)
+{
+    const ct_ce_options *o = p->o;
+    int64_t V = p->V;
+    ce_row_begin(r);
+    float m = ct_vmax(z, V);
+    if (o->softcap > 0.0f || !isfinite(m)) { /* the derivative needs z; or inf / NaN rows */
+        ce_row_stats(p, r, z, 0, V, y);
+        ce_row_finish(p, r, y, lse, loss, zterm);
+        ce_row_grad(p, z, 0, V, y, *lse, g);
+        return;
+    }
+    /* what ce_row_stats gathers, before z is overwritten (the same sums in the same order) */
+    r->m = m;
+    if (y >= 0 && y < V) r->zy = z[y];
+    float eps = o->label_smoothing;
+    if (eps > 0.0f) r->sw = o->class_weight ? ct_vdot(o->class_weight, z, V) : ct_vsum(z, V);
+    r->l = ct_vexpsum(z, z, m, V); /* z <- exp(z - m) */
+    ce_row_finish(p, r, y, lse, loss, zterm);
+    if (y < 0 || g == 0.0f) {
+        memset(z, 0, (size_t)V * sizeof(float));
+        return;
+    }
+    /* softmax = z / l: the gradient of ce_row_grad with p_j = z_j / l */
+    float sV = eps / (float)V, wy = o->class_weight ? o->class_weight[y] : 1.0f;
+    float A = (1.0f - eps) * wy + sV * p->wsum + 2.0f * o->z_loss * *lse;
+    ct_vscale(z, g * A / r->l, V);
+    if (sV > 0.0f) {
+        if (o->class_weight) ct_vaxpy(z, -g * sV, o->class_weight, V);
+        else
+            for (int64_t j = 0; j < V; j++) z[j] -= g * sV;
+    }
+    z[y] -= g * (1.0f - eps) * wy;
+}
+
 void ce_reduce(const ce_plan *p, const float *rows, float *out)
 {
     if (p->o->reduction == CT_REDUCTION_NONE) {

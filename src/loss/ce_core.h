@@ -46,6 +46,12 @@ void ce_row_stats(const ce_plan *p, ce_row *r, const float *z, int64_t v0, int64
 void ce_row_finish(const ce_plan *p, const ce_row *r, int64_t y, float *lse, float *loss, float *zterm);
 /* Overwrite a prepared tile with d loss / d (pre-softcap logits), scaled by g. */
 void ce_row_grad(const ce_plan *p, float *z, int64_t v0, int64_t vc, int64_t y, float lse, float g);
+/* A whole prepared row (v0 0, vc V) in one visit: statistics (into r), lse, loss, z term, then
+ * its gradient (scale g) in place. The exponentials are computed once (z <- exp(z - max), the
+ * softmax is that times 1 / sum) where ce_row_stats + ce_row_grad compute them twice; with a
+ * softcap, or a row whose max is not finite, it is exactly those calls. */
+void ce_row_full(const ce_plan *p, ce_row *r, float *z, int64_t y, float g, float *lse, float *loss,
+                 float *zterm);
 
 /* Reduce per-row values (in row order, in double: deterministic) into out (1 or N floats). */
 void ce_reduce(const ce_plan *p, const float *rows, float *out);

@@ -9,8 +9,10 @@
  *     dW[t] = G^T h (written, beta 0, for the first block: with one block the weight
  *     gradient is written exactly once per step), dh += G W[t] (tiles in that fixed order),
  *     db[t] += column sums of G.
- * With T = 1 (full-vocabulary rows fit) one visit per row does statistics, loss and gradient
- * and a step is three GEMMs; otherwise four (the logits twice). The tiling favours big token
+ * With T = 1 (full-vocabulary rows fit) one visit per row does statistics, loss and gradient,
+ * with one exponential per logit (ce_row_full: the softmax is exp(z - max) / sum), and a step
+ * is three GEMMs; otherwise four (the logits twice). The backward alone does the same visit
+ * with T = 1, so it gives forward_backward's bits. The tiling favours big token
  * blocks (the weight gradient crosses memory once per block) and tiles wide enough that every
  * GEMM (nb x vt x D) splits well over the threads (lce_tiling_choose).
  * bf16 inputs: W goes to the GEMMs as it is (ct_gemm_mixed: ctorch's GEMM widens it while it
@@ -316,11 +318,21 @@ static void rows_full(void *arg, int64_t r0, int64_t r1, int tid)
         float *z = c->L + r * c->vt;
         int64_t n = c->n0 + r, y = ce_target(&c->p, n);
         ce_row_prep(&c->p, z, 0, V);
-        ce_row_begin(&c->rows[r]);
-        ce_row_stats(&c->p, &c->rows[r], z, 0, V, y);
-        ce_row_finish(&c->p, &c->rows[r], y, &c->lse_c[r], &c->loss_c[r], &c->z_c[r]);
-        ce_row_grad(&c->p, z, 0, V, y, c->lse_c[r], ce_row_scale(&c->p, c->dloss, n));
+        ce_row_full(&c->p, &c->rows[r], z, y, ce_row_scale(&c->p, c->dloss, n), &c->lse_c[r], &c->loss_c[r],
+                    &c->z_c[r]);
     }
+}
+
+/* A block of full-vocabulary rows (one tile): its logits, then rows_full (statistics, loss and
+ * gradient of each row; the lse it takes is the row's own, which is the forward's). */
+static ct_status block_full(lce *c, const float *hc, int64_t n0, int64_t nb, const float *dloss)
+{
+    CT_TRY(tile_logits(c, hc, nb, 0, c->p.V));
+    c->n0 = n0;
+    c->cur_nb = nb;
+    c->dloss = dloss;
+    ct_parallel_for(nb, rows_full, c);
+    return CT_OK;
 }
 
 /* db[v0 + j] (+)= sum over the block's rows of G[r, j]: threads own columns, rows in order. */
@@ -477,7 +489,13 @@ ct_status ct_linear_cross_entropy_backward(const ct_lce_grads *grads, const floa
     ct_status s = CT_OK;
     for (int64_t n0 = 0; n0 < in->N && s == CT_OK; n0 += c.nb) {
         int64_t nb = in->N - n0 < c.nb ? in->N - n0 : c.nb;
-        s = block_backward(&c, grads, block_h(&c, n0, nb), n0, nb, lse + n0, dloss, TILE_RECOMPUTE);
+        const float *hc = block_h(&c, n0, nb);
+        tile_state last = TILE_RECOMPUTE;
+        if (c.vt == in->V) { /* as forward_backward does: the same bits */
+            s = block_full(&c, hc, n0, nb, dloss);
+            last = TILE_GRADIENT;
+        }
+        if (s == CT_OK) s = block_backward(&c, grads, hc, n0, nb, lse + n0, dloss, last);
     }
     ct_free(c.scratch);
     return s;
@@ -500,11 +518,7 @@ ct_status ct_linear_cross_entropy_forward_backward(const ct_ce_outputs *out, con
         const float *hc = block_h(&c, n0, nb);
         tile_state last;
         if (c.vt == in->V) { /* one tile: logits once, then dh and dW from the gradient left in L */
-            s = tile_logits(&c, hc, nb, 0, in->V);
-            c.n0 = n0;
-            c.cur_nb = nb;
-            c.dloss = dloss;
-            if (s == CT_OK) ct_parallel_for(nb, rows_full, &c);
+            s = block_full(&c, hc, n0, nb, dloss);
             last = TILE_GRADIENT;
         } else {
             s = block_forward(&c, hc, n0, nb);
