@@ -19,6 +19,7 @@ typedef struct {
     float *hf, *wf;   /* f32 copies for the unfused bf16 path */
     int64_t *y;
     float *dh, *dw;
+    float *logits, *dlogits; /* the unfused path's buffers when preallocated (--interleaved) */
     float loss;
 } lce_case;
 
@@ -41,17 +42,20 @@ static ct_status step_unfused(void *p)
     o.label_smoothing = (float)c->smoothing;
     const float *h = c->bf16 ? c->hf : c->h, *w = c->bf16 ? c->wf : c->w;
     size_t nv = (size_t)c->n * (size_t)c->v * 4;
-    float *logits = NULL, *dlogits = NULL, one = 1.0f;
-    ct_status s = ct_alloc((void **)&logits, nv);
-    if (!s) s = ct_alloc((void **)&dlogits, nv);
+    float *logits = c->logits, *dlogits = c->dlogits, one = 1.0f;
+    bool own = !logits; /* allocated per call, as a plain user would (the case's own process) */
+    ct_status s = own ? ct_alloc((void **)&logits, nv) : CT_OK;
+    if (!s && own) s = ct_alloc((void **)&dlogits, nv);
     if (!s) s = ct_linear_forward(logits, h, w, NULL, c->n, c->d, c->v);
     ct_ce_outputs out = {&c->loss, NULL, NULL};
     if (!s) s = ct_cross_entropy_forward(&out, logits, c->y, CT_DTYPE_I64, c->n, c->v, &o);
     if (!s) s = ct_cross_entropy_backward(dlogits, &one, logits, c->y, CT_DTYPE_I64, c->n, c->v, &o);
     if (!s) memset(c->dw, 0, (size_t)c->v * (size_t)c->d * 4);
     if (!s) s = ct_linear_backward(c->dh, c->dw, NULL, dlogits, h, w, c->n, c->d, c->v);
-    ct_free(logits);
-    ct_free(dlogits);
+    if (own) {
+        ct_free(logits);
+        ct_free(dlogits);
+    }
     return s;
 }
 
@@ -66,7 +70,9 @@ static void *alloc_or_die(size_t bytes)
     return p;
 }
 
-static int run_case(bench_ctx *b, lce_case *c)
+/* The inputs and gradients of a case (for both paths when `both`: bf16 inputs keep their f32
+ * copies for the unfused path). */
+static void case_inputs(lce_case *c, bool both)
 {
     size_t nd = (size_t)c->n * c->d, vd = (size_t)c->v * c->d;
     float *hf = alloc_or_die(nd * 4), *wf = alloc_or_die(vd * 4);
@@ -77,7 +83,7 @@ static int run_case(bench_ctx *b, lce_case *c)
         c->w = alloc_or_die(vd * 2);
         ct_convert_f32_to_bf16(c->h, hf, nd);
         ct_convert_f32_to_bf16(c->w, wf, vd);
-        if (c->fused) {
+        if (c->fused && !both) {
             ct_free(hf);
             ct_free(wf);
         } else { /* the unfused path computes in f32: round the copies like the bf16 inputs */
@@ -98,6 +104,11 @@ static int run_case(bench_ctx *b, lce_case *c)
     }
     c->dh = alloc_or_die(nd * 4);
     c->dw = alloc_or_die(vd * 4);
+}
+
+static int run_case(bench_ctx *b, lce_case *c)
+{
+    case_inputs(c, false);
     ct_memory_stats_t m0, m1;
     ct_memory_stats(&m0);
     ct_memory_reset_peak();
@@ -148,6 +159,56 @@ static bool check_modes(const char *list)
     return true;
 }
 
+static ct_status step_interleaved(void *p)
+{
+    lce_case *c = p;
+    c->fused = !c->fused; /* fused, unfused, fused, ... */
+    return c->fused ? step_fused(c) : step_unfused(c);
+}
+
+/* --interleaved: both paths in this process, call after call (the unfused one on buffers
+ * allocated once, as the trainer holds them), so that a drifting machine weighs on both
+ * alike; their medians and the ratio. No memory figures (one process holds both). */
+static int run_interleaved(bench_ctx *b, lce_case *c, const char *dt)
+{
+    case_inputs(c, true);
+    size_t nv = (size_t)c->n * (size_t)c->v * 4;
+    c->logits = alloc_or_die(nv);
+    c->dlogits = alloc_or_die(nv);
+    int R = b->repeats;
+    double *t[2];
+    t[0] = alloc_or_die(sizeof(double) * (size_t)R);
+    t[1] = alloc_or_die(sizeof(double) * (size_t)R);
+    c->fused = false;
+    for (int r = -1; r < R; r++) /* one warm-up pair */
+        for (int k = 0; k < 2; k++) {
+            double t0 = bench_now();
+            ct_status st = step_interleaved(c);
+            if (st != CT_OK) return cli_fail("bench lce", st);
+            if (r >= 0) t[k][r] = bench_now() - t0;
+        }
+    bench_time bt[2];
+    for (int k = 0; k < 2; k++) bench_time_of(t[k], R, &bt[k]);
+    double flops = 6.0 * c->n * c->d * c->v;
+    json_t *j = json_pack("{s:s, s:s, s:{s:I, s:I, s:I, s:s, s:f}, s:i, s:o, s:o, s:f}", "bench", "lce", "mode",
+                          "interleaved", "shape", "n", (json_int_t)c->n, "d", (json_int_t)c->d, "v",
+                          (json_int_t)c->v, "dtype", dt, "label_smoothing", c->smoothing, "threads",
+                          ct_num_threads(), "fused", bench_time_json(&bt[0]), "unfused", bench_time_json(&bt[1]),
+                          "fused_over_unfused", bt[0].median / bt[1].median);
+    if (b->json) {
+        bench_print_json(j);
+    } else {
+        printf("lce N=%lld D=%lld V=%lld %s, fwd+bwd, %d threads, interleaved (%d calls each)\n", c->n, c->d, c->v,
+               dt, ct_num_threads(), R);
+        for (int k = 0; k < 2; k++)
+            printf("  %-16s median %.4f s (%.4f-%.4f), %.1f GFLOP/s\n", k ? "ctorch unfused" : "ctorch fused",
+                   bt[k].median, bt[k].min, bt[k].max, flops / bt[k].median * 1e-9);
+        printf("  fused / unfused (medians): %.3f\n", bt[0].median / bt[1].median);
+        json_decref(j);
+    }
+    return 0;
+}
+
 static double jnum(json_t *o, const char *a, const char *b)
 {
     json_t *x = json_object_get(o, a);
@@ -157,22 +218,25 @@ static double jnum(json_t *o, const char *a, const char *b)
 
 int bench_lce(bench_ctx *b, int argc, char **argv)
 {
-    lce_case c = {2048, 1024, 128256, false, 0.0, 0, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0};
+    lce_case c = {.n = 2048, .d = 1024, .v = 128256, .fused = true};
     const char *which = NULL, *dt = "f32", *tmodes = "chunked,reference,unfused,unfused-compiled";
     long long scratch_mib = 0;
-    bool no_compile = false;
+    bool no_compile = false, interleaved = false;
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (!strcmp(argv[i], "--help")) {
             puts("usage: ctorch bench lce [--n N] [--d D] [--v V] [--dtype f32|bf16] [--label-smoothing E]\n"
                  "                        [--scratch-mib M] [--torch-modes LIST] [--no-torch-compile]\n"
-                 "                        [--repeats R] [--json]\n"
+                 "                        [--interleaved] [--repeats R] [--json]\n"
                  "Forward + backward of loss = cross_entropy(h W^T, y), h [N,D], W [V,D]:\n"
                  "fused (ctorch, logits never held) vs unfused (ctorch linear + cross_entropy) vs PyTorch\n"
                  "2.13 (bench/torch_baseline.py), each in its own process. PyTorch modes (LIST, all by\n"
                  "default): chunked (F.linear_cross_entropy, nn.LinearCrossEntropyOptions()), reference\n"
                  "(options=None), unfused (F.linear + F.cross_entropy), unfused-compiled (the same under\n"
-                 "torch.compile; --no-torch-compile drops it). Default N=2048 D=1024 V=128256.");
+                 "torch.compile; --no-torch-compile drops it). Default N=2048 D=1024 V=128256.\n"
+                 "--interleaved: fused and unfused alone, alternated call after call in this process (the\n"
+                 "unfused path on buffers allocated once, as the trainer holds them): medians and their\n"
+                 "ratio, steady on a machine whose speed drifts between processes; no memory figures.");
             return 0;
         }
         if (cli_opt(argc, argv, &i, "--n", &v)) { if (!cli_int("--n", v, 1, 1 << 24, &c.n)) return 2; }
@@ -184,6 +248,7 @@ int bench_lce(bench_ctx *b, int argc, char **argv)
         else if (cli_opt(argc, argv, &i, "--case", &v)) which = v;
         else if (cli_opt(argc, argv, &i, "--torch-modes", &v)) { if (!check_modes(v)) return 2; tmodes = v; }
         else if (!strcmp(argv[i], "--no-torch-compile")) no_compile = true;
+        else if (!strcmp(argv[i], "--interleaved")) interleaved = true;
         else {
             fprintf(stderr, "ctorch bench lce: unknown option '%s'\n", argv[i]);
             return 2;
@@ -199,6 +264,7 @@ int bench_lce(bench_ctx *b, int argc, char **argv)
         c.fused = !strcmp(which, "fused");
         return run_case(b, &c);
     }
+    if (interleaved) return run_interleaved(b, &c, dt);
     double sg = bench_sgemm_gflops();
     char sn[32], sd[32], sv[32], sr[32], ss[32], sl[32];
     snprintf(sn, sizeof sn, "%lld", c.n);

@@ -36,12 +36,17 @@ ct_status bench_time_fn(int repeats, ct_status (*fn)(void *), void *arg, bench_t
         t[r] = bench_now() - t0;
         if (s != CT_OK) return s;
     }
+    bench_time_of(t, repeats, out);
+    return CT_OK;
+}
+
+void bench_time_of(double *t, int repeats, bench_time *out)
+{
     qsort(t, (size_t)repeats, sizeof t[0], cmp_double);
     out->repeats = repeats;
     out->min = t[0];
     out->max = t[repeats - 1];
     out->median = repeats % 2 ? t[repeats / 2] : 0.5 * (t[repeats / 2 - 1] + t[repeats / 2]);
-    return CT_OK;
 }
 
 size_t bench_peak_rss(void)

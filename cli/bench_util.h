@@ -24,6 +24,8 @@ typedef int (*bench_fn)(bench_ctx *b, int argc, char **argv);
 double bench_now(void);
 /* Run fn once to warm up, then `repeats` times; fails on the first non-OK status. */
 ct_status bench_time_fn(int repeats, ct_status (*fn)(void *), void *arg, bench_time *out);
+/* Median, min and max of t[0..repeats) (sorts t). */
+void bench_time_of(double *t, int repeats, bench_time *out);
 /* Peak resident set size of this process in bytes (VmHWM), 0 if unknown. */
 size_t bench_peak_rss(void);
 /* Anonymous resident bytes of this process (RssAnon, else statm's resident - shared pages),

@@ -77,6 +77,23 @@ static void test_allocator(void)
     ct_free(p);
     ct_memory_set_limit(0);
     CHECK_STATUS(ct_alloc(&p, SIZE_MAX - 10), CT_EOVERFLOW);
+    /* big blocks: 2 MiB aligned (the 64-byte header first) for huge pages, unless CT_HUGEPAGES=0;
+     * counted as asked, zeroed by ct_calloc to the last byte, usable to the last byte */
+    size_t big = ((size_t)6 << 20) + 12345;
+    unsigned char *q = NULL;
+    CHECK_OK(ct_calloc((void **)&q, big));
+    const char *hp = getenv("CT_HUGEPAGES");
+#if defined(__linux__)
+    if (!(hp && !strcmp(hp, "0"))) CHECK((((uintptr_t)q - 64) & (((uintptr_t)2 << 20) - 1)) == 0);
+#else
+    (void)hp;
+#endif
+    CHECK(((uintptr_t)q & 63) == 0);
+    CHECK(q[0] == 0 && q[big / 2] == 0 && q[big - 1] == 0);
+    q[big - 1] = 7;
+    ct_memory_stats(&b);
+    CHECK(b.current_bytes == a.current_bytes + big);
+    ct_free(q);
     CHECK_STATUS(ct_calloc(NULL, 4), CT_EINVAL);
     ct_memory_stats(&b);
     CHECK(b.current_bytes == a.current_bytes);

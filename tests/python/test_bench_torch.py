@@ -221,3 +221,16 @@ def test_bad_torch_options():
                          (["fsdp", "--torch-modes", "zero3"], "unknown mode 'zero3'")):
         r = ctorch("bench", *args, ok=False)
         assert r.returncode == 2 and needle in r.stderr, (args, r.stderr)
+
+
+def test_lce_interleaved():
+    """--interleaved: fused and unfused alternated in one process (no PyTorch, no children):
+    both medians and their ratio, for f32 and bf16; timing decides nothing."""
+    for dt in ("f32", "bf16"):
+        j = bench("lce", "--interleaved", "--n", 48, "--d", 16, "--v", 300, "--dtype", dt)
+        assert j["mode"] == "interleaved" and j["shape"] == {"n": 48, "d": 16, "v": 300, "dtype": dt,
+                                                             "label_smoothing": 0.0}
+        for k in ("fused", "unfused"):
+            assert j[k]["repeats"] == 3 and 0 < j[k]["min_s"] <= j[k]["median_s"] <= j[k]["max_s"], j[k]
+        assert j["fused_over_unfused"] == pytest.approx(j["fused"]["median_s"] / j["unfused"]["median_s"], rel=1e-3)
+        assert "torch" not in j
