@@ -29,8 +29,8 @@ static _Atomic size_t mem_limit;
  * panels) are 2 MiB aligned and advised as transparent huge pages where Linux has them (its
  * "madvise" mode, the common default, gives huge pages only to advised memory). A fresh 64 MiB
  * tile then takes 32 page faults instead of 16384, and strided walks (a GEMM's packing, rows
- * V floats apart) miss the TLB far less: the default train model's fused head took 0.197
- * instead of 0.219 s (2 threads). CT_HUGEPAGES=0 turns it off. The advice is only advice: a
+ * V floats apart) miss the TLB far less: the default train model's fused head took 0.195
+ * instead of 0.208 s (2 threads). CT_HUGEPAGES=0 turns it off. The advice is only advice: a
  * kernel without huge pages ignores it, and the block is the same either way. */
 #define HUGE_MIN ((size_t)4 << 20)
 #define HUGE_PAGE ((size_t)2 << 20)
