@@ -128,6 +128,30 @@ void ce_row_finish(const ce_plan *p, const ce_row *r, int64_t y, float *lse, flo
     *zterm = zt;
 }
 
+/* The softmax's factor in a row's gradient: (1 - eps) w_y + eps / V sum_c w_c + 2 z_loss lse. */
+static float grad_factor(const ce_plan *p, int64_t y, float lse)
+{
+    const ct_ce_options *o = p->o;
+    float eps = o->label_smoothing, wy = o->class_weight ? o->class_weight[y] : 1.0f;
+    return (1.0f - eps) * wy + eps / (float)p->V * p->wsum + 2.0f * o->z_loss * lse;
+}
+
+/* z holds the softmax times 1 / s (columns v0..v0+vc): the gradient g (A p_j - eps / V w_j
+ * - (1 - eps) w_y [j == y]) in place, with p_j = s z_j. */
+static void grad_from_softmax(const ce_plan *p, float *z, int64_t v0, int64_t vc, int64_t y, float g, float A,
+                              float s)
+{
+    const ct_ce_options *o = p->o;
+    float eps = o->label_smoothing, sV = eps / (float)p->V;
+    ct_vscale(z, g * A * s, vc);
+    if (sV > 0.0f) {
+        if (o->class_weight) ct_vaxpy(z, -g * sV, o->class_weight + v0, vc);
+        else
+            for (int64_t j = 0; j < vc; j++) z[j] -= g * sV;
+    }
+    if (y >= v0 && y < v0 + vc) z[y - v0] -= g * (1.0f - eps) * (o->class_weight ? o->class_weight[y] : 1.0f);
+}
+
 void ce_row_grad(const ce_plan *p, float *z, int64_t v0, int64_t vc, int64_t y, float lse, float g)
 {
     if (y < 0 || g == 0.0f) {
@@ -137,7 +161,7 @@ void ce_row_grad(const ce_plan *p, float *z, int64_t v0, int64_t vc, int64_t y, 
     const ct_ce_options *o = p->o;
     float eps = o->label_smoothing, sV = eps / (float)p->V;
     float wy = o->class_weight ? o->class_weight[y] : 1.0f;
-    float A = (1.0f - eps) * wy + sV * p->wsum + 2.0f * o->z_loss * lse;
+    float A = grad_factor(p, y, lse);
     float cap = o->softcap;
     if (cap > 0.0f) {
         /* z holds cap * tanh(x / cap); d/dx = 1 - (z / cap)^2. */
@@ -151,13 +175,7 @@ void ce_row_grad(const ce_plan *p, float *z, int64_t v0, int64_t vc, int64_t y, 
         return;
     }
     ct_vexpsum(z, z, lse, vc); /* z <- p */
-    ct_vscale(z, g * A, vc);
-    if (sV > 0.0f) {
-        if (o->class_weight) ct_vaxpy(z, -g * sV, o->class_weight + v0, vc);
-        else
-            for (int64_t j = 0; j < vc; j++) z[j] -= g * sV;
-    }
-    if (y >= v0 && y < v0 + vc) z[y - v0] -= g * (1.0f - eps) * wy;
+    grad_from_softmax(p, z, v0, vc, y, g, A, 1.0f);
 }
 
 void ce_row_full(const ce_plan *p, ce_row *r, float *z, int64_t y, float g, float *lse, float *loss,
@@ -166,8 +184,8 @@ void ce_row_full(const ce_plan *p, ce_row *r, float *z, int64_t y, float g, floa
     const ct_ce_options *o = p->o;
     int64_t V = p->V;
     ce_row_begin(r);
-    float m = ct_vmax(z, V);
-    if (o->softcap > 0.0f || !isfinite(m)) { /* the derivative needs z; or inf / NaN rows */
+    float m = o->softcap > 0.0f ? NAN : ct_vmax(z, V);
+    if (!isfinite(m)) { /* a softcap (its derivative needs z), or an inf / NaN row */
         ce_row_stats(p, r, z, 0, V, y);
         ce_row_finish(p, r, y, lse, loss, zterm);
         ce_row_grad(p, z, 0, V, y, *lse, g);
@@ -184,16 +202,7 @@ void ce_row_full(const ce_plan *p, ce_row *r, float *z, int64_t y, float g, floa
         memset(z, 0, (size_t)V * sizeof(float));
         return;
     }
-    /* softmax = z / l: the gradient of ce_row_grad with p_j = z_j / l */
-    float sV = eps / (float)V, wy = o->class_weight ? o->class_weight[y] : 1.0f;
-    float A = (1.0f - eps) * wy + sV * p->wsum + 2.0f * o->z_loss * *lse;
-    ct_vscale(z, g * A / r->l, V);
-    if (sV > 0.0f) {
-        if (o->class_weight) ct_vaxpy(z, -g * sV, o->class_weight, V);
-        else
-            for (int64_t j = 0; j < V; j++) z[j] -= g * sV;
-    }
-    z[y] -= g * (1.0f - eps) * wy;
+    grad_from_softmax(p, z, 0, V, y, g, grad_factor(p, y, *lse), 1.0f / r->l); /* softmax = z / l */
 }
 
 void ce_reduce(const ce_plan *p, const float *rows, float *out)
