@@ -90,8 +90,9 @@ void ct_parallel_for_grain(int64_t n, int64_t grain, ct_parallel_fn fn, void *ct
  * scratch. */
 void ct_parallel_for_capped(int64_t n, int64_t grain, int max_threads, ct_parallel_fn fn, void *ctx);
 /* A region of n tasks, each its own chunk, claimed in index order (serially, or nested: one
- * call over [0, n)): for callers that size their tasks themselves and order them (e.g. the
- * work that fills in last, so that a thread done early takes it). */
+ * call over [0, n)): for callers that cut their work into tasks of equal cost themselves,
+ * which ct_parallel_for's chunking would merge unevenly (ctorch's GEMM: tile t, then pack
+ * piece t of the next step). */
 void ct_parallel_tasks(int64_t n, ct_parallel_fn fn, void *ctx);
 
 /* Streaming stores (src/core/memory.c). ct_stream_stores(bytes): whether an output of that many
