@@ -93,6 +93,14 @@ typedef struct ct_lce_grads {
     bool accumulate;
 } ct_lce_grads;
 
+/** The scratch budget (ct_ce_options.scratch_bytes) with which the fused loss takes token
+ *  blocks of `rows` full-vocabulary rows (three GEMMs a step, the [V, D] weight gradient
+ *  crossed once per block) for h and W of `dtype` (f32 or bf16): the rows' logits, their row
+ *  state, h widened for bf16, and the GEMMs' own panels. The loss allocates only what a call
+ *  needs (N < rows takes N rows), so a budget sized for more rows than N costs nothing more.
+ *  0 when rows, D or V is not positive or dtype is neither, or the size overflows. */
+CT_API size_t ct_lce_scratch_bytes_for_rows(int64_t rows, int64_t D, int64_t V, ct_dtype dtype);
+
 /** Forward only: loss (and z_loss, lse) as in ct_ce_outputs. Keep lse for the backward. */
 CT_API ct_status ct_linear_cross_entropy_forward(const ct_ce_outputs *out, const ct_lce_inputs *in,
                                                  const ct_ce_options *opt);

@@ -147,7 +147,11 @@ typedef struct ct_gpt_options {
     int32_t eos_token;     /**< >= 0: document masking on this token; -1 (default): none */
     float z_loss;          /**< training loss z-loss scale (default 0); evaluation never has it */
     float label_smoothing; /**< training label smoothing (default 0); not in evaluation */
-    size_t lce_scratch_bytes; /**< fused loss tile budget; 0 (default): the loss's default */
+    size_t lce_scratch_bytes; /**< fused loss tile budget; 0 (default): on the CPU, blocks of
+                                   512 token rows of full-vocabulary logits
+                                   (ct_lce_scratch_bytes_for_rows), at least the loss's
+                                   64 MiB (250 MiB at V 128256, 98 MiB at V 50304; N < 512
+                                   rows take less); on a device, the device's budget */
     ct_dtype dtype; /**< operand dtype of the matrix products: CT_DTYPE_F32 (default) or
                          CT_DTYPE_BF16 (mixed precision as PyTorch's CPU autocast does for
                          linear / matmul: the weights' bf16 copies and the activations

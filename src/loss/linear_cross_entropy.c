@@ -232,6 +232,18 @@ static ct_status lce_setup(lce *c, const char *fn, const ct_lce_inputs *in, cons
     return CT_OK;
 }
 
+size_t ct_lce_scratch_bytes_for_rows(int64_t rows, int64_t D, int64_t V, ct_dtype dtype)
+{
+    if (rows <= 0 || D <= 0 || V <= 0 || (dtype != CT_DTYPE_F32 && dtype != CT_DTYPE_BF16)) return 0;
+    if (rows > INT32_MAX || D > INT32_MAX || V > INT32_MAX) return 0;
+    bool bf16 = dtype == CT_DTYPE_BF16;
+    /* per row: V logits, the row state and h widened; overflow-checked in double first */
+    double per = (double)V * sizeof(float) + (double)row_bytes() + (double)hf_row_bytes(D, bf16);
+    if ((double)rows * per > (double)SIZE_MAX / 2) return 0;
+    lce_tiling t = {rows, V};
+    return tiling_bytes(&t) + (size_t)rows * hf_row_bytes(D, bf16) + tiling_gemm_bytes(&t, D, bf16);
+}
+
 /* Rows n0..n0+nb of h as f32: in place, or widened into the scratch (bf16 inputs). */
 static const float *block_h(const lce *c, int64_t n0, int64_t nb)
 {

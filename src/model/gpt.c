@@ -979,6 +979,9 @@ static ct_status forward_body(ct_gpt *m, int64_t B, int64_t T)
     return gpt_final_norm_forward(m, B, T);
 }
 
+/* Token rows of the fused head's blocks on the CPU when ct_gpt_options.lce_scratch_bytes is 0. */
+#define GPT_LCE_ROWS 512
+
 static ct_ce_options loss_options(const ct_gpt *m, bool train)
 {
     ct_ce_options o = ct_ce_options_default();
@@ -986,7 +989,17 @@ static ct_ce_options loss_options(const ct_gpt *m, bool train)
         o.z_loss = m->opt.z_loss;
         o.label_smoothing = m->opt.label_smoothing;
     }
-    if (m->opt.lce_scratch_bytes) o.scratch_bytes = m->opt.lce_scratch_bytes;
+    if (m->opt.lce_scratch_bytes) {
+        o.scratch_bytes = m->opt.lce_scratch_bytes;
+    } else if (gpt_host(m)) {
+        /* Blocks of at least GPT_LCE_ROWS tokens: the GEMMs of a block of 113 rows (what
+         * 64 MiB holds at V 128256) ran at 0.89x the big products' rate and each block
+         * crosses W and the weight gradient; docs/architecture.md, "Fused linear +
+         * cross-entropy". A device keeps its own budget (0). */
+        size_t b = ct_lce_scratch_bytes_for_rows(GPT_LCE_ROWS, m->cfg.d_model, m->cfg.vocab_size,
+                                                 gpt_bf16(m) ? CT_DTYPE_BF16 : CT_DTYPE_F32);
+        o.scratch_bytes = b > CT_DEFAULT_SCRATCH_BYTES ? b : CT_DEFAULT_SCRATCH_BYTES;
+    }
     return o;
 }
 

@@ -400,6 +400,54 @@ static void test_memory_bound(void)
     memory_case(t_reduced() ? 150 : 300, 64, 20000, 8 << 20);
 }
 
+/* ct_lce_scratch_bytes_for_rows: bad arguments give 0; its budget holds blocks of that many
+ * full-vocabulary rows (the call's peak is within it and at least the rows' logits), and the
+ * results agree with the default budget's (another blocking: same values, other rounding). */
+static void test_scratch_for_rows(void)
+{
+    CHECK(ct_lce_scratch_bytes_for_rows(0, 8, 100, CT_DTYPE_F32) == 0);
+    CHECK(ct_lce_scratch_bytes_for_rows(8, 0, 100, CT_DTYPE_F32) == 0);
+    CHECK(ct_lce_scratch_bytes_for_rows(8, 8, -1, CT_DTYPE_F32) == 0);
+    CHECK(ct_lce_scratch_bytes_for_rows(8, 8, 100, CT_DTYPE_I64) == 0);
+    CHECK(ct_lce_scratch_bytes_for_rows(INT32_MAX, INT32_MAX, INT32_MAX, CT_DTYPE_F32) == 0);
+    CHECK(ct_lce_scratch_bytes_for_rows((int64_t)1 << 40, 8, 100, CT_DTYPE_F32) == 0);
+    int64_t rows = 64, N = 3 * rows, D = 24, V = 2000; /* three blocks of 64 */
+    size_t b32 = ct_lce_scratch_bytes_for_rows(rows, D, V, CT_DTYPE_F32);
+    size_t b16 = ct_lce_scratch_bytes_for_rows(rows, D, V, CT_DTYPE_BF16);
+    CHECK(b32 >= (size_t)(rows * V) * 4);
+    CHECK(b16 >= b32 + (size_t)(rows * D) * 4); /* h widened */
+    CHECK(ct_lce_scratch_bytes_for_rows(2 * rows, D, V, CT_DTYPE_F32) > b32);
+    prob p = make(N, D, V, false);
+    float l0, l1, *dh0 = malloc(4 * (size_t)(N * D)), *dw0 = malloc(4 * (size_t)(V * D));
+    float *dh1 = malloc(4 * (size_t)(N * D)), *dw1 = malloc(4 * (size_t)(V * D));
+    uint16_t *hb = malloc(2 * (size_t)(N * D)), *wb = malloc(2 * (size_t)(V * D));
+    ct_convert_f32_to_bf16(hb, p.h, (size_t)(N * D));
+    ct_convert_f32_to_bf16(wb, p.w, (size_t)(V * D));
+    for (int bf = 0; bf < 2; bf++) {
+        ct_lce_inputs in = {p.h, p.w, NULL, CT_DTYPE_F32, p.y, CT_DTYPE_I64, N, D, V};
+        if (bf) in.h = hb, in.weight = wb, in.dtype = CT_DTYPE_BF16;
+        ct_ce_outputs o0 = {&l0, NULL, NULL}, o1 = {&l1, NULL, NULL};
+        ct_lce_grads g0 = {dh0, dw0, NULL, false}, g1 = {dh1, dw1, NULL, false};
+        p.o.scratch_bytes = 0;
+        CHECK_OK(ct_linear_cross_entropy_forward_backward(&o0, &g0, NULL, &in, &p.o));
+        p.o.scratch_bytes = bf ? b16 : b32;
+        ct_memory_stats_t a, b;
+        ct_memory_stats(&a);
+        ct_memory_reset_peak();
+        CHECK_OK(ct_linear_cross_entropy_forward_backward(&o1, &g1, NULL, &in, &p.o));
+        ct_memory_stats(&b);
+        CHECK(b.peak_bytes - a.current_bytes <= p.o.scratch_bytes);
+        CHECK(b.peak_bytes - a.current_bytes >= (size_t)(rows * V) * 4);
+        CHECK(fabsf(l0 - l1) <= 1e-5f * (1 + fabsf(l0)));
+        double e = 0, m = 0;
+        for (int64_t i = 0; i < N * D; i++) e = fmax(e, fabs(dh0[i] - dh1[i])), m = fmax(m, fabs(dh0[i]));
+        for (int64_t i = 0; i < V * D; i++) e = fmax(e, fabs(dw0[i] - dw1[i])), m = fmax(m, fabs(dw0[i]));
+        CHECK(e <= 1e-5 * (m + 1e-12));
+    }
+    free(dh0), free(dw0), free(dh1), free(dw1), free(hb), free(wb);
+    drop(&p);
+}
+
 /* Finite differences validate the reference's analytic gradient (z-loss, smoothing,
  * weights, softcap all on). */
 static void test_reference_gradient(void)
@@ -438,6 +486,7 @@ int main(void)
     test_accumulate();
     test_determinism();
     test_memory_bound();
+    test_scratch_for_rows();
     test_reference_gradient();
     if (ct_set_isa(CT_ISA_SCALAR) == CT_OK) { /* the scalar path passes the same checks */
         test_options();

@@ -812,6 +812,47 @@ static void test_state_dict(void)
     ct_gpt_free(b);
 }
 
+/* The fused head's budget on the CPU: with lce_scratch_bytes 0 the model takes blocks of 512
+ * token rows where 64 MiB holds fewer (V 40000: 64 MiB holds 419 rows; 512 rows' logits are
+ * 78 MiB); an explicit budget is kept. The peak above the warm model is the loss's scratch. */
+static void test_head_budget(void)
+{
+    ct_gpt_config c = tiny_config();
+    c.vocab_size = 40000;
+    c.context = 64;
+    c.n_layer = 1;
+    c.d_model = 8;
+    c.n_head = 2;
+    c.n_kv_head = 1;
+    c.d_ff = 8;
+    c.window = 0;
+    int64_t B = 8, T = 64, rows = B * T, V = c.vocab_size;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(B * (T + 1)));
+    for (int64_t i = 0; i < B * (T + 1); i++) tok[i] = (int32_t)((i * 7919) % V);
+    float l[2];
+    for (int k = 0; k < 2; k++) {
+        ct_gpt_options o = ct_gpt_options_default();
+        o.batch = B;
+        if (k) o.lce_scratch_bytes = CT_DEFAULT_SCRATCH_BYTES;
+        ct_gpt *m;
+        CHECK_OK(ct_gpt_create(&c, &o, &m));
+        CHECK_OK(ct_gpt_init(m, 3));
+        CHECK_OK(ct_gpt_forward_backward(m, tok, B, T, 1.0f, NULL)); /* activations allocated */
+        ct_memory_stats_t a, b;
+        ct_memory_stats(&a);
+        ct_memory_reset_peak();
+        CHECK_OK(ct_gpt_forward_backward(m, tok, B, T, 1.0f, &l[k]));
+        ct_memory_stats(&b);
+        size_t above = b.peak_bytes - a.current_bytes;
+        if (k) CHECK(above <= CT_DEFAULT_SCRATCH_BYTES);
+        else CHECK(above >= (size_t)(rows * V) * sizeof(float) &&
+                   above <= ct_lce_scratch_bytes_for_rows(rows, c.d_model, V, CT_DTYPE_F32));
+        ct_gpt_free(m);
+    }
+    CHECK(fabsf(l[0] - l[1]) <= 1e-5f * fabsf(l[1])); /* the same loss, other blocks */
+    free(tok);
+}
+
 int main(void)
 {
     test_gradients(true, false, true, 0);
@@ -828,5 +869,6 @@ int main(void)
     test_next_logits();
     test_logits();
     test_state_dict();
+    test_head_budget();
     return t_report("test_model_gpt");
 }
