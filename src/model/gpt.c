@@ -992,10 +992,10 @@ static ct_ce_options loss_options(const ct_gpt *m, bool train)
     if (m->opt.lce_scratch_bytes) {
         o.scratch_bytes = m->opt.lce_scratch_bytes;
     } else if (gpt_host(m)) {
-        /* Blocks of at least GPT_LCE_ROWS tokens: the GEMMs of a block of 113 rows (what
-         * 64 MiB holds at V 128256) ran at 0.89x the big products' rate and each block
-         * crosses W and the weight gradient; docs/architecture.md, "Fused linear +
-         * cross-entropy". A device keeps its own budget (0). */
+        /* Room for blocks of GPT_LCE_ROWS tokens (the loss evens them out): the GEMMs of a
+         * block of 113 rows (what 64 MiB holds at V 128256) ran at 0.89x the rate of 452
+         * rows, and each block crosses W and the weight gradient; docs/architecture.md, "The
+         * fused linear cross-entropy". A device keeps its own budget (0). */
         size_t b = ct_lce_scratch_bytes_for_rows(GPT_LCE_ROWS, m->cfg.d_model, m->cfg.vocab_size,
                                                  gpt_bf16(m) ? CT_DTYPE_BF16 : CT_DTYPE_F32);
         o.scratch_bytes = b > CT_DEFAULT_SCRATCH_BYTES ? b : CT_DEFAULT_SCRATCH_BYTES;
